@@ -1,0 +1,3 @@
+from kvagent.cli import main
+
+main()

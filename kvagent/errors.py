@@ -1,0 +1,9 @@
+"""User-facing errors: one line that names the problem and the fix."""
+
+
+class KvagentError(Exception):
+    """An error caused by user input or environment; the CLI prints it as one line and exits 2."""
+
+
+class ConfigError(KvagentError, ValueError):
+    """A bad configuration value (names the field and the fix)."""

@@ -1,0 +1,93 @@
+"""Configuration of one evictable-cache session, and of sampling."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvagent.errors import ConfigError
+
+PROTECT = ("prompt", "sink", "none")
+SCOPES = ("prefill", "prefill+decode")
+MODES = ("persistent", "reprefill")
+SINK_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """How a session's cache is bounded and evicted (DESIGN.md section 1, CacheConfig)."""
+
+    policy: str = "full"
+    budget: int | float | None = None  # K; float in (0,1) = fraction of the logical length at the round
+    buffer: int = 128  # r: a round fires when a layer holds K + r entries
+    protect: str = "prompt"
+    scope: str = "prefill+decode"
+    mode: str = "persistent"
+    window: int = 16  # W
+    seed: int = 0
+    policy_args: dict[str, Any] = field(default_factory=dict)
+    audit: bool = False  # record kept positions per (layer, head) at every round
+    prefill_chunk: int = 512  # tokens per forward while prefilling (bounds activation memory)
+
+    def __post_init__(self) -> None:
+        from kvagent.runtime.policies import available
+
+        if self.policy not in available():
+            raise ConfigError(f"policy: unknown policy {self.policy!r}; choose one of {', '.join(available())}")
+        b = self.budget
+        if b is not None:
+            if isinstance(b, bool) or not isinstance(b, int | float):
+                raise ConfigError(f"budget: expected an int (tokens) or a float in (0,1), got {b!r}")
+            if isinstance(b, float) and not (0.0 < b < 1.0):
+                if b.is_integer() and b >= 1:
+                    object.__setattr__(self, "budget", int(b))
+                else:
+                    raise ConfigError(f"budget: a float budget is a fraction in (0,1), got {b}; pass tokens as an int")
+            elif isinstance(b, int) and b < 1:
+                raise ConfigError(f"budget: must be >= 1 token, got {b}; use None for no eviction")
+        if self.buffer < 1:
+            raise ConfigError(f"buffer: must be >= 1, got {self.buffer}")
+        if self.protect not in PROTECT:
+            raise ConfigError(f"protect: got {self.protect!r}; choose one of {', '.join(PROTECT)}")
+        if self.scope not in SCOPES:
+            raise ConfigError(f"scope: got {self.scope!r}; choose one of {', '.join(SCOPES)}")
+        if self.mode not in MODES:
+            raise ConfigError(f"mode: got {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.window < 1:
+            raise ConfigError(f"window: must be >= 1, got {self.window}")
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk: must be >= 1, got {self.prefill_chunk}")
+
+    @property
+    def evicts(self) -> bool:
+        return self.budget is not None and self.policy != "full"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def label(self) -> str:
+        """Short human label, e.g. `nexus/persistent/K=2048`."""
+        k = "dense" if not self.evicts else f"K={self.budget}"
+        return f"{self.policy}/{self.mode}/{k}"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings. temperature 0 = greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"temperature: must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k: must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

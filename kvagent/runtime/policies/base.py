@@ -1,0 +1,118 @@
+"""The policy contract: a policy turns a read-only view of one layer into keep priorities.
+
+The runtime does everything else (protection = +inf, top-K per head or per block, gather,
+compaction, bookkeeping), so a policy is a few lines of scoring math.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class LayerView:
+    """Read-only view of one layer's cache at an eviction round.
+
+    Shapes: B batch, H_kv key/value heads, H_q query heads, N cached entries, D head dim,
+    W window queries (W <= config window; fewer early in an episode).
+    """
+
+    keys: torch.Tensor  # (B, H_kv, N, D), post-RoPE
+    values: torch.Tensor  # (B, H_kv, N, D)
+    positions: torch.Tensor  # (B, H_kv, N) logical positions, ascending along N
+    queries: torch.Tensor  # (B, H_q, W, D) last W post-RoPE queries of this layer
+    query_positions: torch.Tensor  # (W,) logical positions of those queries
+    layer_idx: int
+    n_layers: int
+    group_size: int  # H_q // H_kv (GQA); query head h reads kv head h // group_size
+    scaling: float  # softmax scale the model uses (usually D ** -0.5)
+    generator: torch.Generator  # seeded per (session seed, layer, round); the only randomness allowed
+    budget: int  # K for this layer: entries per head kept after the round
+    protected: torch.Tensor  # (B, H_kv, N) bool, kept whatever the score
+    # Block partition for block policies (block > 1): (N,) block id per entry, -1 for entries
+    # outside any candidate block (protected or forced-recent). None for token policies.
+    block_ids: torch.Tensor | None = None
+    # Queries since the previous round (B, H_q, M, D) and their positions (M,), only for policies
+    # that set `needs_pending_queries` (H2O); otherwise None.
+    pending_queries: torch.Tensor | None = None
+    pending_positions: torch.Tensor | None = None
+    # Per-policy, per-layer state that survives rounds. Tensors under state["per_entry"] whose
+    # last dim is N are kept aligned with the cache by the runtime: gathered at compaction and
+    # zero-padded for entries appended since.
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_entries(self) -> int:
+        return self.keys.shape[-2]
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Scores cache entries; higher = keep. The runtime keeps the top `budget` per head."""
+
+    name: str
+    shared_across_heads: bool  # one keep-set for all heads of a layer (nexus) or one per head
+    block: int  # 1 = token granularity
+
+    def scores(self, view: LayerView) -> torch.Tensor:
+        """(B, H_kv, N) or (B, 1, N) priorities. May return +inf to force a keep."""
+        ...
+
+
+class BasePolicy:
+    """Defaults shared by every policy; subclasses override `scores` and class attributes."""
+
+    name = "base"
+    shared_across_heads = False
+    block = 1
+    needs_pending_queries = False  # H2O: the runtime keeps all queries since the last round
+
+    def __init__(self, **kwargs: Any) -> None:
+        if kwargs:
+            raise TypeError(
+                f"policy {self.name!r} takes no option(s) {sorted(kwargs)}; remove them from policy_args"
+            )
+
+    def layer_budgets(self, budget: int, n_layers: int) -> list[int]:
+        """Per-layer K. Uniform by default; PyramidKV overrides (same total)."""
+        return [budget] * n_layers
+
+    def absorb(self, view: LayerView) -> None:  # noqa: B027 - optional hook
+        """Fold pending queries into state without evicting (bounds H2O's query buffer)."""
+
+    def scores(self, view: LayerView) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+_REGISTRY: dict[str, type[BasePolicy]] = {}
+
+
+def register(cls: type[BasePolicy]) -> type[BasePolicy]:
+    """Class decorator: make a policy available by its `name` in CacheConfig.policy."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def available() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def make_policy(name: str, **policy_args: Any) -> BasePolicy:
+    _load_builtin()
+    if name not in _REGISTRY:
+        from kvagent.errors import ConfigError
+
+        raise ConfigError(f"policy: unknown policy {name!r}; choose one of {', '.join(available())}")
+    return _REGISTRY[name](**policy_args)
+
+
+def _load_builtin() -> None:
+    # Importing the package registers the built-in policies.
+    import kvagent.runtime.policies  # noqa: F401

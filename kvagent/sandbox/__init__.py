@@ -1,0 +1,1 @@
+"""kvagent.sandbox"""
