@@ -1,0 +1,139 @@
+"""The evictable KV cache: per layer keys, values and the logical position of every entry.
+
+Storage is a capacity buffer per layer; `compact` gathers the kept entries into a NEW, smaller
+buffer, so evicted memory is really freed. Entries stay in logical-position order.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class EvictableLayer(CacheLayerMixin):
+    """One layer: keys/values (B, H_kv, cap, D), positions (B, H_kv, cap); the first `n` are live."""
+
+    is_sliding = False
+
+    def __init__(self, owner: EvictableCache, layer_idx: int) -> None:
+        super().__init__()
+        self.owner = owner
+        self.layer_idx = layer_idx
+        self.n = 0
+        self.capacity_hint = 0  # preferred capacity (K + r when evicting) so decode never reallocates
+        self.positions: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        cap = max(self.capacity_hint, key_states.shape[-2], 16)
+        self.keys = key_states.new_empty((b, h, cap, d))
+        self.values = value_states.new_empty((b, h, cap, value_states.shape[-1]))
+        self.positions = torch.empty((b, h, cap), dtype=torch.long, device=key_states.device)
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def _grow(self, need: int) -> None:
+        cap = self.keys.shape[-2]
+        new_cap = max(need, 2 * cap, self.capacity_hint)
+        keys = self.keys.new_empty((*self.keys.shape[:2], new_cap, self.keys.shape[-1]))
+        values = self.values.new_empty((*self.values.shape[:2], new_cap, self.values.shape[-1]))
+        positions = self.positions.new_empty((*self.positions.shape[:2], new_cap))
+        keys[:, :, : self.n] = self.keys[:, :, : self.n]
+        values[:, :, : self.n] = self.values[:, :, : self.n]
+        positions[:, :, : self.n] = self.positions[:, :, : self.n]
+        self.keys, self.values, self.positions = keys, values, positions
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        q = key_states.shape[-2]
+        if self.n + q > self.keys.shape[-2]:
+            self._grow(self.n + q)
+        end = self.n + q
+        self.keys[:, :, self.n : end] = key_states
+        self.values[:, :, self.n : end] = value_states
+        self.positions[:, :, self.n : end] = self.owner.current_positions
+        self.n = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def live(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.keys[:, :, : self.n], self.values[:, :, : self.n], self.positions[:, :, : self.n]
+
+    def compact(self, index: torch.Tensor, capacity: int) -> None:
+        """Keep entries `index` (B, H_kv, M), sorted along M, in fresh tensors of `capacity`."""
+        keys, values, positions = self.live()
+        m = index.shape[-1]
+        cap = max(capacity, m)
+        new_k = keys.new_empty((*keys.shape[:2], cap, keys.shape[-1]))
+        new_v = values.new_empty((*values.shape[:2], cap, values.shape[-1]))
+        new_p = positions.new_empty((*positions.shape[:2], cap))
+        new_k[:, :, :m] = keys.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1]))
+        new_v[:, :, :m] = values.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, values.shape[-1]))
+        new_p[:, :, :m] = positions.gather(2, index)
+        self.keys, self.values, self.positions, self.n = new_k, new_v, new_p, m
+
+    def nbytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.positions))
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.n + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.n
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.keys = self.values = self.positions = None
+        self.n = 0
+        self.is_initialized = False
+
+
+class EvictableCache(Cache):
+    """A transformers Cache whose layers can be compacted, plus what policies need to score them:
+    each layer's recent queries (window) and, for policies that ask, all queries since its last
+    round."""
+
+    def __init__(self, n_layers: int, window: int, record: bool, keep_pending: bool, backend: str = "sdpa"):
+        super().__init__(layers=[EvictableLayer(self, i) for i in range(n_layers)])
+        self.window = window
+        self.record = record
+        self.keep_pending = keep_pending
+        self.backend = backend
+        self.current_positions: torch.Tensor | None = None  # logical positions of the running chunk
+        self.window_queries: list[torch.Tensor | None] = [None] * n_layers
+        self.window_positions: list[torch.Tensor | None] = [None] * n_layers
+        self.pending_queries: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
+        self.pending_positions: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
+
+    def record_queries(self, layer_idx: int, query: torch.Tensor) -> None:
+        if not self.record:
+            return
+        pos = self.current_positions
+        prev = self.window_queries[layer_idx]
+        if prev is None or query.shape[2] >= self.window:
+            self.window_queries[layer_idx] = query[:, :, -self.window :].detach()
+            self.window_positions[layer_idx] = pos[-self.window :]
+        else:
+            self.window_queries[layer_idx] = torch.cat([prev, query.detach()], dim=2)[:, :, -self.window :]
+            self.window_positions[layer_idx] = torch.cat([self.window_positions[layer_idx], pos])[-self.window :]
+        if self.keep_pending:
+            self.pending_queries[layer_idx].append(query.detach())
+            self.pending_positions[layer_idx].append(pos)
+
+    def take_pending(self, layer_idx: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        qs, ps = self.pending_queries[layer_idx], self.pending_positions[layer_idx]
+        if not qs:
+            return None, None
+        q, p = torch.cat(qs, dim=2), torch.cat(ps)
+        self.pending_queries[layer_idx], self.pending_positions[layer_idx] = [], []
+        return q, p
+
+    def pending_count(self, layer_idx: int) -> int:
+        return sum(q.shape[2] for q in self.pending_queries[layer_idx])
+
+    def entries(self) -> list[int]:
+        return [layer.n for layer in self.layers]

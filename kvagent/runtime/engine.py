@@ -1,0 +1,105 @@
+"""Engine: a loaded model + tokenizer with kvagent's attention registered; makes Sessions."""
+
+from __future__ import annotations
+
+import torch
+
+from kvagent.errors import ConfigError
+from kvagent.runtime import attention, models
+from kvagent.runtime.config import CacheConfig
+from kvagent.runtime.session import Session
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device: CUDA requested but not available; use device='cpu' or 'auto'")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ConfigError(f"dtype: got {dtype!r}; choose auto, float32, bfloat16 or float16")
+    return table[dtype]
+
+
+class Engine:
+    """Holds the model; `session(config)` starts an episode over a fresh evictable cache."""
+
+    def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, backend: str, name: str):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.dtype = dtype
+        self.backend = backend
+        self.name = name
+        cfg = model.config
+        self.n_layers = int(cfg.num_hidden_layers)
+        n_heads = int(cfg.num_attention_heads)
+        self.n_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
+        self.group_size = n_heads // self.n_kv_heads
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
+        self.scaling = _attention_scaling(model, self.head_dim)
+        self.max_context = getattr(cfg, "max_position_embeddings", None)
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+
+    @classmethod
+    def load(cls, model, tokenizer=None, device="auto", dtype="auto", attn="auto") -> Engine:
+        """`model`: a name (smollm2, tiny-random-qwen3, tiny-random-llama), hub id, local dir,
+        .gguf file, or a built PreTrainedModel (then pass its tokenizer)."""
+        from transformers import AutoTokenizer, PreTrainedModel
+
+        attention.register()
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
+        if isinstance(tokenizer, str):
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        if isinstance(model, PreTrainedModel):
+            name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+            if tokenizer is None:
+                raise ConfigError("tokenizer: a built model needs its tokenizer; pass tokenizer=...")
+            m, tok = model, tokenizer
+        elif isinstance(model, str):
+            name = model
+            m, tok = models.resolve(model, dt, tokenizer)
+        else:
+            raise ConfigError(f"model: expected a name, path or PreTrainedModel, got {type(model).__name__}")
+        m = m.to(device=dev, dtype=dt).eval()
+        m.set_attn_implementation(attention.ATTN_NAME)
+        return cls(m, tok, dev, dt, attention.resolve_backend(attn, dev), name)
+
+    def session(self, config: CacheConfig | None = None, **kwargs) -> Session:
+        if config is None:
+            config = CacheConfig(**kwargs)
+        elif kwargs:
+            raise ConfigError("session: pass either a CacheConfig or keyword fields, not both")
+        return Session(self, config)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _attention_scaling(model, head_dim: int) -> float:
+    for module in model.modules():
+        if hasattr(module, "layer_idx") and hasattr(module, "scaling"):
+            return float(module.scaling)
+    return head_dim**-0.5
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
+        e = getattr(src, "eos_token_id", None)
+        if e is None:
+            continue
+        ids.update(e if isinstance(e, list | tuple | set) else [e])
+    return {int(i) for i in ids}

@@ -1,0 +1,344 @@
+"""A Session: one episode over one live, evictable KV cache.
+
+Persistent mode keeps the cache across turns and evicts irreversibly whenever a layer reaches
+K + r entries (prefill is chunked so it never holds more). Reprefill mode re-prefills the whole
+token history densely at every `append` and compresses once to K with that turn's window.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvagent.errors import ConfigError
+from kvagent.runtime.attention import ACTIVE_CACHE
+from kvagent.runtime.cache import EvictableCache
+from kvagent.runtime.config import SINK_TOKENS, CacheConfig, Sampling
+from kvagent.runtime.eviction import build_view, round_generator, select
+from kvagent.runtime.policies import make_policy
+from kvagent.runtime.sampling import sample_next
+from kvagent.runtime.stats import CacheStats
+
+if TYPE_CHECKING:
+    from kvagent.runtime.engine import Engine
+
+# transformers >= 5.24 renamed `past_key_values` to `cache`; we keep the old name because the GPU
+# image runs 5.17, which only knows `past_key_values`.
+warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
+
+# H2O-style policies fold their pending queries into state once this many have accumulated, so a
+# dense reprefill of a long history does not hold every query of every layer at once.
+ABSORB_EVERY = 1024
+
+
+@dataclass
+class Generation:
+    ids: list[int]
+    text: str
+    finish_reason: str  # "eos" | "stop" | "length"
+
+
+class Session:
+    """One episode. Not thread-safe; run one session per thread."""
+
+    def __init__(self, engine: Engine, config: CacheConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.policy = make_policy(config.policy, **config.policy_args)
+        self.n_layers = engine.n_layers
+        self.history: list[int] = []
+        self.prompt_length: int | None = None
+        self._stats = CacheStats()
+        self.audit = [] if config.audit else None
+        self._round = 0
+        self._last_logits: torch.Tensor | None = None
+        self._sample_gen: torch.Generator | None = None
+        self._budgets_cache: dict[int, list[int]] = {}
+        self._validate()
+        self.cache = self._new_cache()
+
+    # ----------------------------------------------------------------- public API
+    @property
+    def logical_length(self) -> int:
+        return len(self.history)
+
+    @property
+    def stats(self) -> CacheStats:
+        s = self._stats
+        s.logical_length = self.logical_length
+        s.entries = self.cache.entries()
+        s.kv_bytes = [layer.nbytes() for layer in self.cache.layers]
+        return s
+
+    def kept_positions(self) -> list[torch.Tensor]:
+        return [layer.live()[2].clone() if layer.is_initialized else torch.empty(0) for layer in self.cache.layers]
+
+    def append(self, ids, all_logits: bool = False) -> torch.Tensor:
+        """Prefill a chunk of token ids; returns float32 logits of its last token (or of every
+        token with `all_logits=True`)."""
+        ids = _as_list(ids)
+        if not ids:
+            raise ConfigError("append: got no token ids; pass at least one")
+        if self.prompt_length is None:
+            self.prompt_length = len(ids)
+            self._check_prompt_fits()
+        if self.config.mode == "reprefill" and self.config.evicts:
+            return self._reprefill(ids, all_logits)
+        return self._prefill(ids, evict=self.config.evicts, all_logits=all_logits)
+
+    def step(self, token_id: int) -> torch.Tensor:
+        """Feed one token through the decode path; returns float32 logits (vocab,)."""
+        if self.config.evicts and self._room() <= 0:
+            self._evict_due()  # scope=prefill lets decode overflow; the next feed settles it
+        logits = self._forward([int(token_id)], all_logits=False)
+        self._stats.decode_tokens += 1
+        if self.config.evicts and self.config.scope == "prefill+decode":
+            self._evict_due()
+        return logits[-1]
+
+    def generate(self, max_new_tokens: int, sampling: Sampling | None = None, stop=None) -> Generation:
+        """Sample up to `max_new_tokens` with `step`; every sampled id (the last too) is fed."""
+        if self._last_logits is None:
+            raise ConfigError("generate: the session is empty; append a prompt first")
+        sampling = sampling or Sampling()
+        stops = [s for s in (stop or []) if s]
+        eos = self.engine.eos_token_ids
+        tok = self.engine.tokenizer
+        if self._sample_gen is None:
+            self._sample_gen = torch.Generator().manual_seed(
+                sampling.seed if sampling.seed is not None else self.config.seed
+            )
+        out: list[int] = []
+        reason = "length"
+        logits = self._last_logits
+        tail_span = max((len(s) for s in stops), default=0) + 16
+        for _ in range(max_new_tokens):
+            token = sample_next(logits, sampling, self._sample_gen)
+            out.append(token)
+            logits = self.step(token)
+            if token in eos:
+                reason = "eos"
+                break
+            if stops:
+                tail = tok.decode(out[-tail_span:], skip_special_tokens=False)
+                if any(s in tail for s in stops):
+                    reason = "stop"
+                    break
+        text_ids = out[:-1] if reason == "eos" else out
+        return Generation(ids=out, text=tok.decode(text_ids, skip_special_tokens=False), finish_reason=reason)
+
+    # ----------------------------------------------------------------- internals
+    def _validate(self) -> None:
+        c = self.config
+        if not c.evicts:
+            return
+        ctx = self.engine.max_context
+        if isinstance(c.budget, int) and ctx and c.budget > ctx:
+            raise ConfigError(
+                f"budget: {c.budget} exceeds the model's context limit {ctx}; use a budget <= {ctx}"
+            )
+        block = self.policy.block
+        if block > 1 and isinstance(c.budget, int) and c.budget % block:
+            lo, hi = (c.budget // block) * block, (c.budget // block + 1) * block
+            raise ConfigError(
+                f"budget: {c.budget} is not a multiple of {c.policy}'s block {block}; use {lo or hi} or {hi}"
+            )
+
+    def _check_prompt_fits(self) -> None:
+        c = self.config
+        if not (c.evicts and c.protect == "prompt" and isinstance(c.budget, int)):
+            return
+        smallest = min(self._layer_budgets(self.prompt_length))
+        if self.prompt_length >= smallest:
+            raise ConfigError(
+                f"budget: K={smallest} (smallest layer) but protect=prompt protects all {self.prompt_length} "
+                "prompt tokens, so nothing could be evicted; raise the budget or use protect=sink|none"
+            )
+
+    def _new_cache(self) -> EvictableCache:
+        c = self.config
+        cache = EvictableCache(
+            self.n_layers,
+            window=c.window,
+            record=c.evicts,
+            keep_pending=c.evicts and self.policy.needs_pending_queries,
+            backend=self.engine.backend,
+        )
+        if c.evicts and isinstance(c.budget, int):
+            for layer, k in zip(cache.layers, self._layer_budgets(0), strict=True):
+                layer.capacity_hint = k + c.buffer
+        self._state = [{} for _ in range(self.n_layers)]
+        return cache
+
+    def _layer_budgets(self, logical_length: int) -> list[int]:
+        b = self.config.budget
+        k = b if isinstance(b, int) else max(1, int(b * logical_length))
+        if k not in self._budgets_cache:
+            budgets = self.policy.layer_budgets(k, self.n_layers)
+            if len(budgets) != self.n_layers:
+                raise RuntimeError(f"{self.config.policy}.layer_budgets returned {len(budgets)} budgets")
+            self._budgets_cache[k] = [int(x) for x in budgets]
+        return self._budgets_cache[k]
+
+    def _n_protected(self) -> int:
+        p = self.config.protect
+        if p == "prompt":
+            return self.prompt_length or 0
+        if p == "sink":
+            return min(SINK_TOKENS, self.logical_length)
+        return 0
+
+    def _room(self) -> int:
+        """Tokens that can be fed before some layer reaches K + r."""
+        if not self.config.evicts:
+            return 1 << 62
+        budgets = self._layer_budgets(self.logical_length)
+        r = self.config.buffer
+        room = min(k + r - n for k, n in zip(budgets, self.cache.entries(), strict=True))
+        b = self.config.budget
+        if isinstance(b, float) and room > 0:
+            # K grows with the episode for a fractional budget; stretch the chunk so it still ends
+            # exactly at the trigger instead of creeping towards it in ever smaller chunks.
+            room = math.ceil(room / (1.0 - b))
+        return room
+
+    def _prefill(self, ids: list[int], evict: bool, all_logits: bool) -> torch.Tensor:
+        chunks = []
+        i = 0
+        while i < len(ids):
+            size = self.config.prefill_chunk
+            if evict:
+                room = self._room()
+                if room <= 0:
+                    self._evict_due()
+                    continue
+                size = min(size, room)
+            logits = self._forward(ids[i : i + size], all_logits=all_logits)
+            self._stats.prefill_tokens += min(size, len(ids) - i)
+            chunks.append(logits)
+            i += size
+            if evict:
+                self._evict_due()
+        return torch.cat(chunks) if all_logits else chunks[-1][-1]
+
+    def _reprefill(self, ids: list[int], all_logits: bool) -> torch.Tensor:
+        full = self.history + ids
+        self.history = []
+        self.cache = self._new_cache()
+        logits = self._prefill(full, evict=False, all_logits=all_logits)
+        self._evict_due(to_budget=True)
+        if all_logits:
+            return logits[-len(ids) :]
+        return logits
+
+    @torch.no_grad()
+    def _forward(self, ids: list[int], all_logits: bool) -> torch.Tensor:
+        engine = self.engine
+        start = self.logical_length
+        positions = torch.arange(start, start + len(ids), device=engine.device)
+        self.cache.current_positions = positions
+        token = ACTIVE_CACHE.set(self.cache)
+        t0 = time.perf_counter()
+        try:
+            out = engine.model(
+                input_ids=torch.tensor([ids], device=engine.device),
+                position_ids=positions.unsqueeze(0),
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=0 if all_logits else 1,
+            )
+        finally:
+            ACTIVE_CACHE.reset(token)
+        self._stats.forward_s += time.perf_counter() - t0
+        self.history.extend(ids)
+        logits = out.logits[0].float()
+        self._last_logits = logits[-1]
+        if self.cache.keep_pending:
+            self._absorb_pending()
+        return logits
+
+    def _absorb_pending(self) -> None:
+        for li in range(self.n_layers):
+            if self.cache.pending_count(li) >= ABSORB_EVERY:
+                view = self._view(li, self._layer_budgets(self.logical_length)[li], pending=True)
+                self.policy.absorb(view)
+
+    def _view(self, li: int, budget: int, pending: bool):
+        e = self.engine
+        return build_view(
+            self.cache,
+            self.cache.layers[li],
+            n_layers=self.n_layers,
+            group_size=e.group_size,
+            scaling=e.scaling,
+            budget=budget,
+            n_protected=self._n_protected(),
+            block=self.policy.block,
+            generator=round_generator(self.config.seed, li, self.logical_length),
+            state=self._state[li],
+            pending=self.cache.take_pending(li) if pending else (None, None),
+        )
+
+    @torch.no_grad()
+    def _evict_due(self, to_budget: bool = False) -> None:
+        """Run a round on every layer that reached K + r (or, with to_budget, exceeds K)."""
+        budgets = self._layer_budgets(self.logical_length)
+        r = 0 if to_budget else self.config.buffer
+        due = [li for li, (k, n) in enumerate(zip(budgets, self.cache.entries(), strict=True)) if n >= k + r and n > k]
+        if not due:
+            return
+        n_prot = self._n_protected()
+        for li in due:
+            if n_prot >= budgets[li]:
+                raise ConfigError(
+                    f"budget: layer {li} keeps K={budgets[li]} but {n_prot} tokens are protected "
+                    f"(protect={self.config.protect}); raise the budget or change protect"
+                )
+            self._evict_layer(li, budgets[li])
+        self._round += 1
+        self._stats.rounds += 1
+
+    def _evict_layer(self, li: int, budget: int) -> None:
+        layer = self.cache.layers[li]
+        sync = self.engine.device.type == "cuda"
+        t0 = time.perf_counter()
+        view = self._view(li, budget, pending=self.policy.needs_pending_queries)
+        keep = select(self.policy, view)
+        if sync:
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        before = layer.n
+        layer.compact(keep, budget + self.config.buffer)
+        per_entry = self._state[li].get("per_entry", {})
+        for name, t in per_entry.items():
+            per_entry[name] = t.expand(keep.shape[0], keep.shape[1], -1).gather(-1, keep)
+        if sync:
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        st = self._stats
+        st.scoring_s += t1 - t0
+        st.compaction_s += t2 - t1
+        st.evicted += (before - layer.n) * keep.shape[0] * keep.shape[1]
+        if self.audit is not None:
+            from kvagent.runtime.audit import AuditRound
+
+            self.audit.append(
+                AuditRound(
+                    round=self._round,
+                    layer=li,
+                    logical_length=self.logical_length,
+                    prompt_length=(self.prompt_length or 0) if self.config.protect == "prompt" else 0,
+                    kept=layer.live()[2][0].detach().cpu().clone(),
+                )
+            )
+
+
+def _as_list(ids) -> list[int]:
+    if isinstance(ids, torch.Tensor):
+        return [int(x) for x in ids.flatten().tolist()]
+    return [int(x) for x in ids]

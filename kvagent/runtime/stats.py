@@ -1,0 +1,32 @@
+"""Counters a session exposes: what the cache holds now and what eviction has cost so far."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class CacheStats:
+    logical_length: int = 0  # tokens fed so far
+    entries: list[int] = field(default_factory=list)  # live entries per layer (per head)
+    kv_bytes: list[int] = field(default_factory=list)  # allocated bytes per layer (keys+values+positions)
+    rounds: int = 0  # eviction rounds (one round = every layer that was due)
+    evicted: int = 0  # entries removed, summed over layers and heads
+    scoring_s: float = 0.0
+    compaction_s: float = 0.0
+    prefill_tokens: int = 0  # tokens run through prefill forwards (reprefill counts the history again)
+    decode_tokens: int = 0
+    forward_s: float = 0.0  # wall time inside model forwards
+
+    @property
+    def total_kv_bytes(self) -> int:
+        return sum(self.kv_bytes)
+
+    @property
+    def max_entries(self) -> int:
+        return max(self.entries, default=0)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["total_kv_bytes"] = self.total_kv_bytes
+        return d
