@@ -54,7 +54,9 @@ def not_built(command: str) -> None:
 @app.command()
 @user_errors
 def demo(
-    model: str = typer.Option("smollm2", help="Model: smollm2 (bundled), tiny-random-qwen3, or an HF id / dir."),
+    model: str = typer.Option(
+        "smollm2", help="Model: smollm2 (bundled), tiny-random-qwen3, or an HF id / dir."
+    ),
     out: str = typer.Option("demo-out", help="Directory for the results."),
 ) -> None:
     """The main job on the bundled small model: compare eviction policies on a coding-agent episode."""

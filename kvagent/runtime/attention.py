@@ -37,7 +37,9 @@ def resolve_backend(attn: str, device: torch.device) -> str:
     if attn == "auto":
         return "flash" if device.type == "cuda" and flash_available() else "sdpa"
     if attn == "flash" and not (device.type == "cuda" and flash_available()):
-        raise ConfigError("attn: flash-attn needs CUDA and the flash-attn package; use attn='sdpa' or install .[gpu]")
+        raise ConfigError(
+            "attn: flash-attn needs CUDA and the flash-attn package; use attn='sdpa' or install .[gpu]"
+        )
     if attn not in ("flash", "sdpa"):
         raise ConfigError(f"attn: got {attn!r}; choose auto, flash or sdpa")
     return attn

@@ -119,7 +119,9 @@ class EvictableCache(Cache):
             self.window_positions[layer_idx] = pos[-self.window :]
         else:
             self.window_queries[layer_idx] = torch.cat([prev, query.detach()], dim=2)[:, :, -self.window :]
-            self.window_positions[layer_idx] = torch.cat([self.window_positions[layer_idx], pos])[-self.window :]
+            self.window_positions[layer_idx] = torch.cat([self.window_positions[layer_idx], pos])[
+                -self.window :
+            ]
         if self.keep_pending:
             self.pending_queries[layer_idx].append(query.detach())
             self.pending_positions[layer_idx].append(pos)

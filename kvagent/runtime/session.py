@@ -76,7 +76,9 @@ class Session:
         return s
 
     def kept_positions(self) -> list[torch.Tensor]:
-        return [layer.live()[2].clone() if layer.is_initialized else torch.empty(0) for layer in self.cache.layers]
+        return [
+            layer.live()[2].clone() if layer.is_initialized else torch.empty(0) for layer in self.cache.layers
+        ]
 
     def append(self, ids, all_logits: bool = False) -> torch.Tensor:
         """Prefill a chunk of token ids; returns float32 logits of its last token (or of every
@@ -289,7 +291,11 @@ class Session:
         """Run a round on every layer that reached K + r (or, with to_budget, exceeds K)."""
         budgets = self._layer_budgets(self.logical_length)
         r = 0 if to_budget else self.config.buffer
-        due = [li for li, (k, n) in enumerate(zip(budgets, self.cache.entries(), strict=True)) if n >= k + r and n > k]
+        due = [
+            li
+            for li, (k, n) in enumerate(zip(budgets, self.cache.entries(), strict=True))
+            if n >= k + r and n > k
+        ]
         if not due:
             return
         n_prot = self._n_protected()
