@@ -65,11 +65,136 @@ def demo(
     run_demo(model=model, out=out)
 
 
+DEFAULT_MODEL = "agentica-org/DeepSWE-Preview"
+
+
+def parse_budget(text: str | None) -> int | float | None:
+    """`1024` tokens, `0.2` of the logical length, or `none`."""
+    from kvagent.errors import ConfigError
+
+    if text is None or text.lower() in ("none", "dense", ""):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"budget: {text!r} is not a number; pass tokens (1024) or a fraction (0.2)") from None
+
+
+def parse_policy_args(items: list[str] | None) -> dict[str, Any]:
+    """`key=value` pairs; values parsed as JSON when they can be (numbers, true/false), else strings."""
+    import json
+
+    from kvagent.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"policy-arg: {item!r} is not key=value; e.g. --policy-arg lam=0.5")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def make_cache_config(policy, budget, buffer, mode, scope, protect, window, seed, policy_arg):
+    from kvagent.runtime import CacheConfig
+
+    return CacheConfig(
+        policy=policy,
+        budget=parse_budget(budget),
+        buffer=buffer,
+        mode=mode,
+        scope=scope,
+        protect=protect,
+        window=window,
+        seed=seed,
+        policy_args=parse_policy_args(policy_arg),
+    )
+
+
+def read_issue(issue: str) -> str:
+    """--issue takes the text itself or a path to a file holding it."""
+    import os
+    from pathlib import Path
+
+    from kvagent.errors import KvagentError
+
+    if not issue.strip():
+        raise KvagentError("issue: empty; pass the issue text or a file holding it")
+    path = Path(issue).expanduser()
+    looks_like_path = "\n" not in issue and " " not in issue.strip() and (bool(path.suffix) or os.sep in issue)
+    if looks_like_path:
+        if not path.is_file():
+            raise KvagentError(f"issue: file {issue} does not exist; pass the issue text or an existing file")
+        return path.read_text(encoding="utf-8", errors="replace")
+    return issue
+
+
+# Options shared by the commands that run the agent.
+OPT_MODEL = typer.Option(DEFAULT_MODEL, help="smollm2 (bundled), tiny-random-qwen3, a hub id, a dir or .gguf.")
+OPT_POLICY = typer.Option("full", help="Eviction policy: full, streaming, random, snapkv, h2o, pyramidkv, nexus.")
+OPT_BUDGET = typer.Option(None, help="K entries per head kept (int) or a fraction of the context (0.2).")
+OPT_BUFFER = typer.Option(128, help="r: a round fires at K + r entries.")
+OPT_MODE = typer.Option("persistent", help="persistent | reprefill.")
+OPT_SCOPE = typer.Option("prefill+decode", help="prefill | prefill+decode.")
+OPT_PROTECT = typer.Option("prompt", help="prompt | sink | none.")
+OPT_WINDOW = typer.Option(16, help="W: recent queries used for scoring.")
+OPT_SEED = typer.Option(0, help="Seeds eviction draws and sampling.")
+OPT_POLICY_ARG = typer.Option(None, "--policy-arg", help="Policy knob key=value (repeatable), e.g. lam=0.5.")
+OPT_DEVICE = typer.Option("auto", help="auto | cpu | cuda[:N].")
+OPT_DTYPE = typer.Option("auto", help="auto | float32 | bfloat16 | float16.")
+
+
 @app.command()
 @user_errors
-def solve() -> None:
+def solve(
+    issue: str = typer.Option(..., help="The issue text, or a file holding it."),
+    repo: str = typer.Option(None, help="Local repository to work on (copied; never edited in place)."),
+    image: str = typer.Option(None, help="Docker image with the repository at /testbed."),
+    model: str = OPT_MODEL,
+    policy: str = OPT_POLICY,
+    budget: str = OPT_BUDGET,
+    buffer: int = OPT_BUFFER,
+    mode: str = OPT_MODE,
+    scope: str = OPT_SCOPE,
+    protect: str = OPT_PROTECT,
+    window: int = OPT_WINDOW,
+    seed: int = OPT_SEED,
+    policy_arg: list[str] = OPT_POLICY_ARG,
+    max_steps: int = typer.Option(100, help="Hard limit on model calls."),
+    max_new_tokens: int = typer.Option(8192, help="Tokens per reply."),
+    context_limit: int = typer.Option(65_536, help="Logical tokens; the episode ends cleanly there."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
+    prompt_style: str = typer.Option("repo_first", help="Instance prompt: repo_first (eval) or issue_first (training)."),
+    out: str = typer.Option(None, help="Directory for episode.traj.json and patch.diff (default runs/solve-TIME)."),
+    device: str = OPT_DEVICE,
+    dtype: str = OPT_DTYPE,
+) -> None:
     """Run the agent on one issue in a repository or image."""
-    not_built("solve")
+    from kvagent.agent.runner import run_solve
+
+    run_solve(
+        issue_text=read_issue(issue),
+        repo=repo,
+        image=image,
+        model=model,
+        cache_config=make_cache_config(policy, budget, buffer, mode, scope, protect, window, seed, policy_arg),
+        max_steps=max_steps,
+        max_new_tokens=max_new_tokens,
+        context_limit=context_limit,
+        temperature=temperature,
+        prompt_style=prompt_style,
+        seed=seed,
+        out=out,
+        device=device,
+        dtype=dtype,
+    )
 
 
 @app.command(name="eval")

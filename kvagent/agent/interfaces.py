@@ -1,0 +1,50 @@
+"""What the agent needs from a model session and from a sandbox, as structural types.
+
+`kvagent.runtime.Session` and `kvagent.sandbox.Sandbox` satisfy these; tests use small doubles."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+
+class Generated(Protocol):
+    ids: Sequence[int]  # every sampled id, the last one included; all were fed into the cache
+    text: str
+    finish_reason: str  # "eos" | "stop" | "length"
+
+
+class ModelSession(Protocol):
+    """One episode's live cache: the token stream only grows."""
+
+    @property
+    def logical_length(self) -> int: ...
+
+    @property
+    def stats(self) -> Any: ...  # CacheStats-like: to_dict(), entries (per layer), total_kv_bytes, ...
+
+    def append(self, ids: Sequence[int]) -> Any: ...
+
+    def generate(self, max_new_tokens: int, sampling: Any = ..., stop: Sequence[str] = ...) -> Generated: ...
+
+
+class ToolResult(Protocol):
+    exit_code: int
+    output: str  # the tool's observation text
+    timed_out: bool
+
+
+class Environment(Protocol):
+    """A sandboxed checkout of the repository with the agent's tools installed."""
+
+    def run_tool(self, name: str, params: Mapping[str, str], timeout: float = 90) -> ToolResult: ...
+
+    def diff(self) -> str: ...
+
+
+class Engine(Protocol):
+    """What `solve_episode` needs from `kvagent.runtime.Engine`."""
+
+    tokenizer: Any
+
+    def session(self, config: Any) -> ModelSession: ...

@@ -1,0 +1,258 @@
+"""The agent loop: one append-only token stream over one live session.
+
+prompt -> append -> generate (stop at `</function>`) -> parse -> run the tool -> append the
+observation -> generate ... until `finish`, the step limit, the context limit or an error."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvagent.agent.config import AgentConfig
+from kvagent.agent.interfaces import Environment, ModelSession
+from kvagent.agent.observation import steps_notice, tool_observation, with_steps_notice
+from kvagent.agent.parser import ToolCall, ToolCallError, parse_call
+from kvagent.agent.prompts import instance_prompt, system_prompt
+from kvagent.agent.render import ChatMLRenderer
+from kvagent.agent.tools import FINISH_TOOL
+from kvagent.errors import KvagentError
+
+EXIT_STATUSES = ("submitted", "step_limit", "context_limit", "error")
+
+
+@dataclass
+class Turn:
+    """One model call and what followed it."""
+
+    step: int
+    reply: str = ""
+    reply_tokens: int = 0
+    finish_reason: str = ""
+    call: dict[str, Any] | None = None  # {"name", "params"} of a valid call
+    call_error: str | None = None  # why the reply's call was rejected
+    observation: str | None = None
+    observation_tokens: int = 0
+    fed: bool = False  # observation appended to the session (not after the episode's last step)
+    logical_length: int = 0  # after this turn's tokens were fed
+    cache_entries: int | None = None  # max entries held by a layer after this turn
+    cache: dict[str, Any] | None = None  # the session's full CacheStats
+    generate_s: float = 0.0
+    tool_s: float = 0.0
+    append_s: float = 0.0
+
+
+@dataclass
+class EpisodeResult:
+    exit_status: str  # one of EXIT_STATUSES
+    patch: str
+    messages: list[dict[str, str]]  # exactly the rendered token stream, in order
+    turns: list[Turn]
+    config: AgentConfig
+    error: str | None = None
+    prompt_tokens: int = 0
+    logical_length: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return len(self.turns)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["config"] = self.config.to_dict()
+        d["steps"] = self.steps
+        return d
+
+
+@dataclass
+class AgentEvent:
+    """Live progress for displays: `kind` is start | reply | observation | end."""
+
+    kind: str
+    step: int
+    max_steps: int
+    logical_length: int
+    cache_entries: int | None
+    stats: Any
+    turn: Turn | None = None
+    exit_status: str | None = None
+
+
+def cache_summary(stats: Any) -> tuple[int | None, dict[str, Any] | None]:
+    """(largest per-layer entry count, full stats dict) from a CacheStats-like object."""
+    if stats is None:
+        return None, None
+    entries = getattr(stats, "entries", None)
+    fill = max(entries) if entries else None
+    full = stats.to_dict() if hasattr(stats, "to_dict") else None
+    return fill, full
+
+
+@dataclass
+class Agent:
+    session: ModelSession
+    env: Environment
+    tokenizer: Any
+    config: AgentConfig = field(default_factory=AgentConfig)
+    on_event: Callable[[AgentEvent], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.render = ChatMLRenderer(self.tokenizer)
+        self.messages: list[dict[str, str]] = []
+        self.turns: list[Turn] = []
+        self._last_reply_ids: list[int] = []
+
+    def run(self, issue_text: str) -> EpisodeResult:
+        if self.messages or self.turns:
+            raise KvagentError("an Agent runs one episode; make a new Agent (and session) for the next")
+        cfg, started = self.config, time.perf_counter()
+        repo_dir = cfg.repo_dir or getattr(self.env, "workdir", None) or "/testbed"
+        system = system_prompt()
+        user = with_steps_notice(instance_prompt(issue_text, cfg.prompt_style, repo_dir), self._notice())
+        prompt_ids = self.render.prompt_ids(system, user)
+        status, error = None, None
+        try:
+            status = self._feed(prompt_ids)
+            if status is None:
+                self.messages += [{"role": "system", "content": system}, {"role": "user", "content": user}]
+                self._emit("start")
+            while status is None:
+                turn = self._reply()
+                if turn.finish_reason == "length" and self._room() <= 0:
+                    status = "context_limit"
+                    break
+                self._act(turn)
+                if turn.call and turn.call["name"] == FINISH_TOOL:
+                    status = "submitted"
+                elif len(self.turns) >= cfg.max_steps:
+                    status = "step_limit"
+                else:
+                    status = self._observe(turn)
+        except Exception as e:  # the episode records what went wrong instead of losing its trajectory
+            status, error = "error", f"{type(e).__name__}: {e}"
+        patch, patch_error = self._patch()
+        if patch_error and status != "error":
+            status, error = "error", patch_error
+        self._emit("end", exit_status=status)
+        return EpisodeResult(
+            exit_status=status,
+            patch=patch,
+            messages=self.messages,
+            turns=self.turns,
+            config=cfg,
+            error=error,
+            prompt_tokens=len(prompt_ids),
+            logical_length=self.session.logical_length,
+            elapsed_s=time.perf_counter() - started,
+        )
+
+    def _reply(self) -> Turn:
+        turn = Turn(step=len(self.turns) + 1)
+        self.turns.append(turn)
+        t = time.perf_counter()
+        max_new = min(self.config.max_new_tokens, self._room())
+        g = self.session.generate(max_new, sampling=self.config.sampling(), stop=list(self.config.stop))
+        turn.generate_s = time.perf_counter() - t
+        self._last_reply_ids = [int(i) for i in g.ids]
+        turn.reply = self.render.decode(self._last_reply_ids)  # the stream's text, not a re-tokenisable copy
+        turn.reply_tokens, turn.finish_reason = len(self._last_reply_ids), g.finish_reason
+        self.messages.append({"role": "assistant", "content": turn.reply})
+        self._record_cache(turn)
+        return turn
+
+    def _act(self, turn: Turn) -> None:
+        """Run the reply's call (or explain why it cannot run) and set the turn's observation."""
+        try:
+            call: ToolCall = parse_call(turn.reply)
+        except ToolCallError as e:
+            turn.call_error, turn.observation = e.problem, str(e)
+            self._emit("reply", turn)
+            return
+        turn.call = {"name": call.name, "params": call.params}
+        self._emit("reply", turn)
+        t = time.perf_counter()
+        result = self.env.run_tool(call.name, call.params, timeout=self.config.command_timeout)
+        turn.tool_s = time.perf_counter() - t
+        turn.observation = tool_observation(call.name, result, self.config.command_timeout)
+
+    def _observe(self, turn: Turn) -> str | None:
+        text = with_steps_notice(turn.observation or "", self._notice())
+        ids = self.render.observation_ids(text, self._last_reply_ids)
+        t = time.perf_counter()
+        status = self._feed(ids)
+        turn.append_s = time.perf_counter() - t
+        if status is None:
+            turn.observation, turn.observation_tokens, turn.fed = text, len(ids), True
+            self.messages.append({"role": "user", "content": text})
+            self._record_cache(turn)
+            self._emit("observation", turn)
+        return status
+
+    def _feed(self, ids: list[int]) -> str | None:
+        """Append `ids` unless that leaves no room to generate within the context limit."""
+        if self.session.logical_length + len(ids) >= self.config.context_limit:
+            return "context_limit"
+        self.session.append(ids)
+        return None
+
+    def _room(self) -> int:
+        return self.config.context_limit - self.session.logical_length
+
+    def _notice(self) -> str:
+        c = self.config
+        return steps_notice(len(self.turns), c.max_steps, c.soft_step_limit, c.urge_remaining)
+
+    def _record_cache(self, turn: Turn) -> None:
+        turn.logical_length = self.session.logical_length
+        turn.cache_entries, turn.cache = cache_summary(self.session.stats)
+
+    def _patch(self) -> tuple[str, str | None]:
+        try:
+            return self.env.diff(), None
+        except Exception as e:
+            return "", f"diff failed: {type(e).__name__}: {e}"
+
+    def _emit(self, kind: str, turn: Turn | None = None, exit_status: str | None = None) -> None:
+        if self.on_event is None:
+            return
+        fill, _ = cache_summary(self.session.stats)
+        self.on_event(
+            AgentEvent(
+                kind=kind,
+                step=len(self.turns),
+                max_steps=self.config.max_steps,
+                logical_length=self.session.logical_length,
+                cache_entries=fill,
+                stats=self.session.stats,
+                turn=turn,
+                exit_status=exit_status,
+            )
+        )
+
+
+def session_tokenizer(session: Any) -> Any:
+    engine = getattr(session, "engine", None)
+    tokenizer = getattr(engine, "tokenizer", None) or getattr(session, "tokenizer", None)
+    if tokenizer is None:
+        raise KvagentError("the session exposes no tokenizer; pass tokenizer=engine.tokenizer to run_episode")
+    return tokenizer
+
+
+def run_episode(
+    session: ModelSession,
+    env: Environment,
+    issue_text: str,
+    config: AgentConfig | None = None,
+    *,
+    tokenizer: Any = None,
+    on_event: Callable[[AgentEvent], None] | None = None,
+) -> EpisodeResult:
+    """Solve one issue in `env` with the model behind `session` (a fresh session: nothing fed yet)."""
+    if session.logical_length != 0:
+        raise KvagentError(
+            f"run_episode needs a fresh session, this one already holds {session.logical_length} tokens"
+        )
+    agent = Agent(session, env, tokenizer or session_tokenizer(session), config or AgentConfig(), on_event)
+    return agent.run(issue_text)

@@ -1,0 +1,89 @@
+"""Trajectory files: one JSON per episode (config, messages, per-turn tokens/cache/timings, exit status,
+patch), written atomically so a crash or Ctrl-C never leaves a half-written file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kvagent.agent.loop import EpisodeResult
+from kvagent.errors import KvagentError
+
+FORMAT = "kvagent.trajectory/1"
+SUFFIX = ".traj.json"
+
+
+def trajectory_dict(result: EpisodeResult, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`meta` carries what the agent does not know: instance id, model, cache config, seed, ..."""
+    body = result.to_dict()
+    return {
+        "format": FORMAT,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "meta": dict(meta or {}),
+        **{k: body[k] for k in ("exit_status", "error", "steps", "prompt_tokens", "logical_length")},
+        "elapsed_s": body["elapsed_s"],
+        "config": body["config"],
+        "patch": body["patch"],
+        "messages": body["messages"],
+        "turns": body["turns"],
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    # Stats may hold numpy / torch scalars or small tensors.
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def write_json_atomic(path: str | Path, data: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, ensure_ascii=False, default=_jsonable)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_trajectory(path: str | Path, result: EpisodeResult, meta: Mapping[str, Any] | None = None) -> Path:
+    return write_json_atomic(path, trajectory_dict(result, meta))
+
+
+def load_trajectory(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise KvagentError(f"trajectory {path} does not exist; check the run directory") from None
+    except json.JSONDecodeError as e:
+        raise KvagentError(
+            f"trajectory {path} is not valid JSON ({e.msg} at line {e.lineno}); rerun the episode"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise KvagentError(f"{path} is not a kvagent trajectory (expected format {FORMAT!r})")
+    return data
+
+
+def iter_trajectories(directory: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Every `*.traj.json` under `directory`, sorted by path."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise KvagentError(f"{directory} is not a directory of trajectories")
+    for path in sorted(directory.rglob(f"*{SUFFIX}")):
+        yield path, load_trajectory(path)
