@@ -91,7 +91,9 @@ def select(policy: BasePolicy, view: LayerView) -> torch.Tensor:
     scores = policy.scores(view).to(torch.float32)
     if scores.shape[1] == 1:
         scores = scores.expand(b, h, n)
-    scores = scores.masked_fill(view.protected, float("inf"))
+    # A policy's own +inf (a forced keep) must still rank below protection, or protected entries
+    # could lose a tie when forced + protected exceed K.
+    scores = scores.clamp(max=torch.finfo(torch.float32).max).masked_fill(view.protected, float("inf"))
     if view.block_ids is None:
         k = min(view.budget, n)
         idx = scores.topk(k, dim=-1, sorted=False).indices

@@ -32,8 +32,9 @@ class LayerView:
     generator: torch.Generator  # seeded per (session seed, layer, round); the only randomness allowed
     budget: int  # K for this layer: entries per head kept after the round
     protected: torch.Tensor  # (B, H_kv, N) bool, kept whatever the score
-    # Block partition for block policies (block > 1): (N,) block id per entry, -1 for entries
-    # outside any candidate block (protected or forced-recent). None for token policies.
+    # Block partition for block policies (block > 1): (N,) block id per entry, -1 for protected
+    # entries. Ids ascend with recency (0 = oldest block; the newest block is always whole, the
+    # oldest may be short). None for token policies.
     block_ids: torch.Tensor | None = None
     # Queries since the previous round (B, H_q, M, D) and their positions (M,), only for policies
     # that set `needs_pending_queries` (H2O); otherwise None.
@@ -110,7 +111,12 @@ def make_policy(name: str, **policy_args: Any) -> BasePolicy:
         from kvagent.errors import ConfigError
 
         raise ConfigError(f"policy: unknown policy {name!r}; choose one of {', '.join(available())}")
-    return _REGISTRY[name](**policy_args)
+    try:
+        return _REGISTRY[name](**policy_args)
+    except TypeError as e:
+        from kvagent.errors import ConfigError
+
+        raise ConfigError(f"policy_args: {name} rejects {sorted(policy_args)} ({e}); remove or rename them") from None
 
 
 def _load_builtin() -> None:

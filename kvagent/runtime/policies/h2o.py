@@ -1,0 +1,71 @@
+"""H2O: keep the heavy hitters, the entries with the most accumulated attention."""
+
+from __future__ import annotations
+
+import torch
+
+from kvagent.runtime.policies._args import float_arg, reject_unknown
+from kvagent.runtime.policies._attn import group_sum_attention
+from kvagent.runtime.policies._keep import rank_first
+from kvagent.runtime.policies.base import BasePolicy, LayerView, register
+
+
+@register
+class H2OPolicy(BasePolicy):
+    """H2O (Zhang et al., 2023, "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of LLMs").
+
+    Score = attention each entry has received since it entered the cache, summed over the
+    query heads of its GQA group. Exact without attention weights from the kernel: the runtime
+    keeps every query since the last round (or absorb); their softmax rows, causal by logical
+    position, are recomputed here over the current entries. Nothing was evicted in between, so
+    the denominators are exactly the kernel's. The sum lives in state["per_entry"]["acc"],
+    which the runtime gathers at compaction and zero-pads for new entries.
+
+    `recent` (fraction of the budget, paper default 0.5) ranks the newest entries per head first:
+    without it fresh entries, which have had few queries, would always lose to old ones.
+    """
+
+    name = "h2o"
+    needs_pending_queries = True
+
+    def __init__(self, recent: float = 0.5, **unknown) -> None:
+        reject_unknown(self.name, unknown, ["recent"])
+        self.recent = float_arg(
+            "recent", recent, 0.0, 1.0, " (fraction of the budget; 0 = pure heavy hitters)"
+        )
+
+    def absorb(self, view: LayerView) -> None:
+        """Add the pending queries' attention rows to the accumulated score."""
+        acc = self._acc(view)
+        q, qpos = view.pending_queries, view.pending_positions
+        if q is None or q.shape[2] == 0:
+            return
+        if qpos is None or qpos.shape[0] != q.shape[2]:
+            raise ValueError("h2o: pending_positions must give one logical position per pending query")
+        acc += group_sum_attention(q, qpos, view.keys, view.positions, view.group_size, view.scaling)
+
+    def scores(self, view: LayerView) -> torch.Tensor:
+        self.absorb(view)
+        s = self._acc(view).clone()
+        n_recent = min(int(self.recent * view.budget), s.shape[-1])
+        if n_recent > 0:
+            # Positions ascend along N, so the newest entries of every head are the last ones.
+            recent = torch.zeros(s.shape, dtype=torch.bool, device=s.device)
+            recent[..., -n_recent:] = True
+            s = rank_first(s, recent)
+        return s
+
+    @staticmethod
+    def _acc(view: LayerView) -> torch.Tensor:
+        per_entry = view.state.setdefault("per_entry", {})
+        acc = per_entry.get("acc")
+        shape = view.positions.shape
+        if acc is None:
+            acc = torch.zeros(shape, dtype=torch.float32, device=view.keys.device)
+            per_entry["acc"] = acc
+        elif acc.shape != shape:
+            raise ValueError(
+                f"h2o: state acc has shape {tuple(acc.shape)} but the cache has {tuple(shape)}; "
+                "the runtime must gather and pad state['per_entry'] with the cache"
+            )
+        return acc

@@ -1,0 +1,70 @@
+"""SnapKV: keep the entries the most recent queries attend to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kvagent.errors import ConfigError
+from kvagent.runtime.policies._args import bool_arg, reject_unknown
+from kvagent.runtime.policies._attn import window_attention
+from kvagent.runtime.policies._keep import rank_first
+from kvagent.runtime.policies.base import BasePolicy, LayerView, register
+
+
+def snapkv_scores(view: LayerView, kernel: int) -> torch.Tensor:
+    """(B, H_kv, N): window attention averaged over the W queries and the GQA group, max-pooled."""
+    b, hkv, n = view.positions.shape
+    if view.queries.shape[2] == 0:
+        return torch.zeros((b, hkv, n), dtype=torch.float32, device=view.keys.device)
+    probs = window_attention(
+        view.queries, view.query_positions, view.keys, view.positions, view.group_size, view.scaling
+    )
+    s = probs.mean(dim=2).reshape(b, hkv, view.group_size, n).mean(dim=2)
+    if kernel > 1:
+        # Keep neighbours of attended entries too: a fact spans several tokens. Padding is -inf
+        # in max_pool1d, so edges are not biased.
+        s = F.max_pool1d(s.reshape(b * hkv, 1, n), kernel, stride=1, padding=kernel // 2)
+        s = s.reshape(b, hkv, n)
+    return s
+
+
+def window_mask(view: LayerView) -> torch.Tensor:
+    """(B, H_kv, N) bool: entries belonging to the observation window (position >= first query)."""
+    if view.queries.shape[2] == 0:
+        return torch.zeros(view.positions.shape, dtype=torch.bool, device=view.positions.device)
+    first = view.query_positions.min().to(view.positions.device)
+    return view.positions >= first
+
+
+def check_snapkv_args(kernel: Any, keep_window: Any) -> tuple[int, bool]:
+    if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
+        raise ConfigError(f"policy_args.kernel: must be an odd int >= 1 (same padding), got {kernel!r}")
+    return kernel, bool_arg("keep_window", keep_window)
+
+
+@register
+class SnapKVPolicy(BasePolicy):
+    """SnapKV (Li et al., 2024, "SnapKV: LLM Knows What You are Looking for Before Generation").
+
+    Score per KV head = attention of the last W queries, averaged over the queries and over the
+    query heads of the GQA group, max-pooled over `kernel` neighbouring entries. With
+    `keep_window` (default, as in the paper) the window's own entries rank above all others.
+    """
+
+    name = "snapkv"
+
+    def __init__(self, kernel: int = 7, keep_window: bool = True, **unknown) -> None:
+        reject_unknown(self.name, unknown, ["kernel", "keep_window"])
+        self.kernel, self.keep_window = check_snapkv_args(kernel, keep_window)
+
+    def scores(self, view: LayerView) -> torch.Tensor:
+        s = snapkv_scores(view, self.kernel)
+        if self.keep_window:
+            s = rank_first(s, window_mask(view))
+        return s
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kernel={self.kernel}, keep_window={self.keep_window})"
