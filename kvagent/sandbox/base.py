@@ -1,0 +1,168 @@
+"""The Sandbox contract shared by all backends, and the pieces built on top of it.
+
+A backend implements four primitives (`_exec`, `read_bytes`, `write_bytes`, `_close`); `run`,
+`run_tool`, `diff` and the context manager are common so both backends behave identically.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvagent.sandbox import gitdiff
+from kvagent.sandbox.errors import SandboxError
+
+TOOLS_SRC = Path(__file__).parent / "tools"
+TOOL_NAMES = ("file_editor", "execute_bash", "search", "finish")
+# Bytes of combined output kept from one command; the rest is read and dropped so a chatty
+# command cannot exhaust memory. The agent truncates further for the model.
+DEFAULT_MAX_OUTPUT = 256 * 1024
+# Non-interactive defaults: pagers and editors would otherwise wait for a terminal forever.
+BASE_ENV = {
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "MANPAGER": "cat",
+    "LESS": "-R",
+    "TERM": "dumb",
+    "PIP_PROGRESS_BAR": "off",
+    "PYTHONIOENCODING": "utf-8",
+    "GIT_TERMINAL_PROMPT": "0",
+}
+# The outer wall clock of run_tool exceeds the tool's own limit so the tool can report the timeout.
+TOOL_GRACE_S = 15.0
+PARAMS_ENV_MAX = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Result:
+    exit_code: int
+    output: str
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+def decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def truncation_note(dropped: int) -> bytes:
+    return f"\n[... output truncated: {dropped} more bytes not shown ...]\n".encode()
+
+
+class Sandbox(ABC):
+    """One episode's isolated copy of a repository; see DESIGN.md section 2."""
+
+    workdir: str  # the repository path as commands inside the sandbox see it
+    tools_dir: str  # where the tool scripts live inside the sandbox
+    state_dir: str  # writable scratch kept for the sandbox's lifetime (editor history, params)
+    tool_python: str  # interpreter used for tool scripts
+    setup: str = ""  # shell prefix run before every command (e.g. conda activation)
+    base_commit: str = ""
+
+    def __init__(self) -> None:
+        self._closed = False
+
+    # --- backend primitives -------------------------------------------------------------------
+    @abstractmethod
+    def _exec(
+        self, argv: list[str], timeout: float, max_output: int = DEFAULT_MAX_OUTPUT, env: dict | None = None
+    ) -> Result:
+        """Run argv in workdir; kill its whole process tree at `timeout`; cap combined output."""
+
+    @abstractmethod
+    def read_bytes(self, path: str) -> bytes: ...
+
+    @abstractmethod
+    def write_bytes(self, path: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    def _close(self) -> None: ...
+
+    # --- common API -----------------------------------------------------------------------------
+    def resolve(self, path: str) -> str:
+        """A path inside the sandbox: relative paths are taken from workdir."""
+        if not path:
+            raise SandboxError("empty path; pass a file path relative to the repository")
+        p = path if path.startswith("/") else f"{self.workdir.rstrip('/')}/{path}"
+        return p
+
+    def run(self, cmd: str, timeout: float = 90, max_output: int = DEFAULT_MAX_OUTPUT) -> Result:
+        """Run a shell command (bash) in workdir with the image's setup prefix applied."""
+        self._check_open()
+        return self._exec(["bash", "-c", self._with_setup(cmd)], timeout, max_output)
+
+    def read(self, path: str) -> str:
+        return decode(self.read_bytes(path))
+
+    def write(self, path: str, text: str) -> None:
+        self.write_bytes(path, text.encode("utf-8"))
+
+    def run_tool(self, name: str, params: dict[str, str], timeout: float = 90) -> Result:
+        """Run one DeepSWE/R2E tool; `output` is the observation exactly as the tool prints it."""
+        self._check_open()
+        if name not in TOOL_NAMES:
+            raise SandboxError(f"unknown tool {name!r}; use one of {', '.join(TOOL_NAMES)}")
+        bad = [k for k, v in params.items() if not isinstance(k, str) or not isinstance(v, str)]
+        if bad:
+            raise SandboxError(f"tool parameters must be str -> str; fix {bad}")
+        blob = json.dumps(params)
+        env = {"KVAGENT_TOOL_TIMEOUT": repr(float(timeout)), "KVAGENT_STATE_DIR": self.state_dir}
+        script = shlex.quote(f"{self.tools_dir}/{name}.py")
+        cmd = f"{shlex.quote(self.tool_python)} {script}"
+        if len(blob) < PARAMS_ENV_MAX:
+            env["KVAGENT_TOOL_PARAMS"] = blob  # saves a copy round trip per call
+        else:  # argv/env strings are limited to 128 KiB; file_text can exceed that
+            pfile = f"{self.state_dir}/params-{uuid.uuid4().hex}.json"
+            self.write_bytes(pfile, blob.encode("utf-8"))
+            cmd += f" --params-file {shlex.quote(pfile)}"
+        return self._exec(["bash", "-c", self._with_setup(cmd)], timeout + TOOL_GRACE_S, env=env)
+
+    def diff(self) -> str:
+        """Patch of the working tree against the base commit (new files included, binaries left out)."""
+        self._check_open()
+        out = f"{self.state_dir}/diff.patch"  # overwritten each call
+        r = self._exec(["bash", "-c", gitdiff.diff_script(self.base_commit, out)], 300, 64 * 1024)
+        if r.exit_code != 0:
+            raise SandboxError(f"git diff failed in the sandbox: {r.output.strip()[-300:]}")
+        return gitdiff.drop_binary(decode(self.read_bytes(out)))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # last resort; close() is the contract
+        try:
+            if not getattr(self, "_closed", True):
+                self.close()
+        except Exception:
+            pass
+
+    # --- helpers for backends -----------------------------------------------------------------
+    def _with_setup(self, cmd: str) -> str:
+        return f"{self.setup}\n{cmd}" if self.setup else cmd
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("the sandbox is closed; open a new one with open_sandbox()")
+
+    def _init_repo_state(self) -> None:
+        """Record the base commit, committing a snapshot first if workdir is not a git repository."""
+        r = self._exec(["bash", "-c", gitdiff.init_script()], 300, 64 * 1024)
+        sha = r.output.strip().splitlines()[-1] if r.output.strip() else ""
+        if r.exit_code != 0 or len(sha) < 40:
+            raise SandboxError(f"could not prepare git state in {self.workdir}: {r.output.strip()[-300:]}")
+        self.base_commit = sha

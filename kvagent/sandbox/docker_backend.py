@@ -1,0 +1,290 @@
+"""Docker backend: one container per episode, repository at /testbed, no network by default.
+
+Every command runs under `timeout -s KILL`, which puts the command in its own process group and
+kills the whole group at the deadline. The container is removed on close(), on an exception in a
+`with` block, on Ctrl-C (KeyboardInterrupt unwinds through close), and at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import logging
+import posixpath
+import shlex
+import signal
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+
+from kvagent.sandbox.base import (
+    BASE_ENV,
+    DEFAULT_MAX_OUTPUT,
+    TOOL_NAMES,
+    TOOLS_SRC,
+    Result,
+    Sandbox,
+    truncation_note,
+)
+from kvagent.sandbox.errors import DockerUnavailableError, SandboxError
+from kvagent.sandbox.procs import CappedReader
+from kvagent.sandbox.repocopy import check_repo, copy_repo
+
+log = logging.getLogger(__name__)
+
+LABEL = "kvagent.sandbox"
+KV_DIR = "/kvagent"  # tools and state live outside the repo so they never show up in diffs
+# Stream wait past the command's own timeout before we stop reading (a daemon escaped the group).
+STREAM_GRACE_S = 10.0
+# SWE-bench images keep the task's environment in a conda env; R2E images in a venv in the repo.
+SETUP_PROBE = """
+if [ -f /opt/miniconda3/bin/activate ] && [ -d /opt/miniconda3/envs/testbed ]; then
+  echo "source /opt/miniconda3/bin/activate testbed"
+elif [ -f {wd}/.venv/bin/activate ]; then
+  echo "source {wd}/.venv/bin/activate"
+fi
+"""
+# The tools need python >= 3.7; a conda base python is newer than an old task env's.
+PYTHON_PROBE = """
+for p in /opt/miniconda3/bin/python3 /usr/bin/python3 /usr/local/bin/python3; do
+  if [ -x "$p" ]; then echo "$p"; exit 0; fi
+done
+command -v python3 || command -v python || exit 1
+"""
+
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for sb in list(_live):
+        with contextlib.suppress(Exception):
+            sb.close()
+
+
+def docker_client():
+    """A connected docker client, or a one-line error saying how to start Docker."""
+    try:
+        import docker
+    except ImportError as e:  # pragma: no cover - docker is a core dependency
+        raise DockerUnavailableError("the `docker` Python package is missing; pip install 'docker>=7'") from e
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as e:
+        raise DockerUnavailableError(
+            f"cannot reach the Docker daemon ({type(e).__name__}); start it (`dockerd`) or set DOCKER_HOST"
+        ) from e
+    return client
+
+
+def _tar(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
+    buf = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for d in dirs:
+            info = tarfile.TarInfo(d)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, now
+            tar.addfile(info)
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, now
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class _NoSigint:
+    """Defer Ctrl-C while removing a container so a second Ctrl-C cannot strand it."""
+
+    def __enter__(self):
+        self.got = False
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            try:
+                self.old = signal.signal(signal.SIGINT, self._note)
+            except ValueError:  # not the main interpreter
+                self.old = None
+
+    def _note(self, *_):
+        self.got = True
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+            if self.got and exc[0] is None:
+                raise KeyboardInterrupt
+
+
+class DockerSandbox(Sandbox):
+    def __init__(
+        self,
+        image: str,
+        *,
+        network: bool = False,
+        mem_limit: str = "8g",
+        pids_limit: int = 2048,
+        setup: str | None = "auto",
+        repo: str | Path | None = None,
+        workdir: str = "/testbed",
+        labels: dict[str, str] | None = None,
+        pull: bool = False,
+    ):
+        super().__init__()
+        self._closed = True  # until the container exists
+        import docker.errors
+
+        self._errors = docker.errors
+        src = check_repo(repo) if repo is not None else None
+        self.client = docker_client()
+        self.image = image
+        self.workdir = workdir.rstrip("/") or "/"
+        self.tools_dir = f"{KV_DIR}/tools"
+        self.state_dir = f"{KV_DIR}/state"
+        self.setup = setup or ""
+        self._ensure_image(pull)
+        name = f"kvagent-{uuid.uuid4().hex[:12]}"
+        self.container = None
+        try:
+            self.container = self.client.containers.run(
+                image,
+                entrypoint=["/bin/sh", "-c", "sleep infinity 2>/dev/null || while :; do sleep 3600; done"],
+                command=[],
+                name=name,
+                detach=True,
+                init=True,  # reaps processes killed by timeouts
+                network_mode="bridge" if network else "none",
+                mem_limit=mem_limit,
+                pids_limit=pids_limit,
+                labels={LABEL: "1", **(labels or {})},
+            )
+            self._closed = False
+            _live.add(self)
+            self._provision(src)
+        except BaseException:
+            self._remove(name)
+            self._closed = True
+            raise
+
+    # --- set-up ---------------------------------------------------------------------------------
+    def _ensure_image(self, pull: bool) -> None:
+        try:
+            self.client.images.get(self.image)
+            return
+        except self._errors.ImageNotFound:
+            pass
+        if not pull:
+            raise SandboxError(
+                f"docker image {self.image!r} not found locally; `docker pull {self.image}`, pass pull=True, "
+                "or build the base image with `kvagent images base`"
+            )
+        try:
+            self.client.images.pull(self.image)
+        except self._errors.APIError as e:
+            raise SandboxError(
+                f"cannot pull {self.image!r} ({e.explanation}); check the name and registry"
+            ) from e
+
+    def _provision(self, src: Path | None) -> None:
+        tools = {f"{self.tools_dir[1:]}/{n}.py": (TOOLS_SRC / f"{n}.py").read_bytes() for n in TOOL_NAMES}
+        self._put("/", _tar(tools, dirs=(KV_DIR[1:], self.tools_dir[1:], self.state_dir[1:])))
+        if src is not None:
+            self._copy_in(src)
+        r = self._exec_raw(["sh", "-c", f"test -d {shlex.quote(self.workdir)}"], 60)
+        if r.exit_code != 0:
+            raise SandboxError(f"image {self.image!r} has no {self.workdir}; pass repo=PATH or workdir=DIR")
+        py = self._exec_raw(["sh", "-c", PYTHON_PROBE], 60)
+        if py.exit_code != 0:
+            raise SandboxError(
+                f"image {self.image!r} has no python3 for the tools; use an image with python3"
+            )
+        self.tool_python = py.output.strip().splitlines()[-1]
+        if self.setup == "auto":
+            probe = self._exec_raw(["sh", "-c", SETUP_PROBE.format(wd=shlex.quote(self.workdir))], 60)
+            self.setup = probe.output.strip()
+        self._init_repo_state()
+
+    def _copy_in(self, src: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="kvagent-copy-") as tmp:
+            copy = Path(tmp) / "repo"
+            copy_repo(src, copy)
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(str(copy), arcname=self.workdir.lstrip("/"))
+        self._exec_raw(["rm", "-rf", self.workdir], 120)
+        self._put("/", buf.getvalue())
+
+    # --- primitives -----------------------------------------------------------------------------
+    def _exec_raw(self, argv, timeout, max_output=DEFAULT_MAX_OUTPUT, env=None, workdir="/") -> Result:
+        """exec in the container under `timeout -s KILL` (which kills the command's whole group)."""
+        api = self.client.api
+        env = {"LANG": "C.UTF-8", **BASE_ENV, **(env or {})}
+        wrapped = ["timeout", "-s", "KILL", f"{max(timeout, 0.001):.3f}", *argv]
+        exec_id = api.exec_create(self.container.id, wrapped, workdir=workdir, environment=env)["Id"]
+        start = time.monotonic()
+        stream = api.exec_start(exec_id, stream=True)
+        reader = CappedReader(stream, max_output)
+        ended = reader.join(timeout + STREAM_GRACE_S)
+        if not ended:  # a process escaped the group and holds the stream; stop listening
+            with contextlib.suppress(Exception):
+                stream.close()
+        data, dropped = reader.data()
+        if dropped:
+            data += truncation_note(dropped)
+        code = api.exec_inspect(exec_id).get("ExitCode")
+        elapsed = time.monotonic() - start
+        timed_out = not ended or (code in (124, 137) and elapsed >= timeout)
+        if timed_out or code is None:
+            code = 137
+        return Result(code, data.decode("utf-8", errors="replace"), timed_out)
+
+    def _exec(self, argv, timeout, max_output=DEFAULT_MAX_OUTPUT, env=None) -> Result:
+        self._check_open()
+        return self._exec_raw(argv, timeout, max_output, env, workdir=self.workdir)
+
+    def _put(self, dest_dir: str, data: bytes) -> None:
+        if not self.container.put_archive(dest_dir, data):
+            raise SandboxError(f"copying into {dest_dir} of the container failed")
+
+    def read_bytes(self, path: str) -> bytes:
+        self._check_open()
+        p = self.resolve(path)
+        try:
+            chunks, _stat = self.container.get_archive(p)
+        except self._errors.NotFound as e:
+            raise FileNotFoundError(f"no such file in the sandbox: {p}") from e
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                raise IsADirectoryError(f"not a regular file in the sandbox: {p}")
+            return tar.extractfile(member).read()
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self._check_open()
+        p = posixpath.normpath(self.resolve(path))
+        parent, name = posixpath.split(p)
+        tarball = _tar({name: data})
+        try:
+            self._put(parent, tarball)
+        except self._errors.NotFound:  # missing parent directories: create, then retry once
+            self._exec_raw(["mkdir", "-p", parent], 60)
+            self._put(parent, tarball)
+
+    def _remove(self, name_or_id: str) -> None:
+        with _NoSigint():
+            try:
+                self.client.api.remove_container(name_or_id, force=True, v=True)
+            except self._errors.NotFound:
+                pass
+            except self._errors.APIError as e:
+                if "already in progress" not in str(e):
+                    log.warning("could not remove container %s: %s", name_or_id, e)
+
+    def _close(self) -> None:
+        _live.discard(self)
+        if self.container is not None:
+            self._remove(self.container.id)
