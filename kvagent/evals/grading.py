@@ -83,7 +83,7 @@ def log_parser_name(instance: Instance) -> str:
     return next((n for n in names if short in n), names[0])
 
 
-def eval_script(instance: Instance, test_cmd: str) -> str:
+def eval_script(instance: Instance, test_cmd: str, workdir: str = WORKDIR, scratch: str = SCRATCH) -> str:
     """Shell script run in the container after the model patch: swebench's eval.sh shape."""
     from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_EXIT_CODE
 
@@ -99,9 +99,9 @@ def eval_script(instance: Instance, test_cmd: str) -> str:
     return (
         "#!/bin/bash\n"
         "set -uo pipefail\n"
-        f"cd {WORKDIR}\n"
+        f"cd {shlex.quote(workdir)}\n"
         f"{reset}"
-        f"git apply --verbose {SCRATCH}/test.diff || exit {TEST_PATCH_FAILED_RC}\n"
+        f"git apply --verbose {shlex.quote(scratch)}/test.diff || exit {TEST_PATCH_FAILED_RC}\n"
         f"echo '{START_TEST_OUTPUT}'\n"
         f"{test_cmd} {directives}\n"
         "rc=$?\n"
@@ -135,41 +135,164 @@ def judge_log(instance: Instance, model_patch: str, log_path: Path) -> dict[str,
 # -------------------------------------------------------------------------------------------- container
 
 
-def _put_files(container: Any, directory: str, files: Mapping[str, str]) -> None:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
+class _ContainerTarget:
+    """Where grading runs: a bare container from the docker SDK."""
+
+    def __init__(self, container: Any) -> None:
+        self.container, self.workdir, self.scratch = container, WORKDIR, SCRATCH
+
+    def put(self, files: Mapping[str, str]) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, text in files.items():
+                data = text.encode("utf-8")
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                info.mode = 0o644
+                info.mtime = int(time.time())
+                tar.addfile(info, io.BytesIO(data))
+        self.container.exec_run(["mkdir", "-p", self.scratch])
+        if not self.container.put_archive(self.scratch, buf.getvalue()):
+            raise KvagentError(f"could not copy files into the grading container at {self.scratch}")
+
+    def exec(self, cmd: str, timeout: int = DEFAULT_TIMEOUT_S) -> tuple[int, str]:
+        res = self.container.exec_run(["/bin/bash", "-c", cmd], workdir=self.workdir)
+        return res.exit_code, (res.output or b"").decode("utf-8", errors="replace")
+
+
+class _SandboxTarget:
+    """Where grading runs: a kvagent Sandbox (local copy or container) fresh at the base commit."""
+
+    def __init__(self, sandbox: Any) -> None:
+        self.sandbox = sandbox
+        self.workdir = str(sandbox.workdir)
+        # Inside the checkout, so every backend may write there; the eval script never stages it.
+        self.scratch = f"{self.workdir}/.kvagent-grade"
+
+    def put(self, files: Mapping[str, str]) -> None:
         for name, text in files.items():
-            data = text.encode("utf-8")
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o644
-            info.mtime = int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-    container.exec_run(["mkdir", "-p", directory])
-    if not container.put_archive(directory, buf.getvalue()):
-        raise KvagentError(f"could not copy files into the grading container at {directory}")
+            self.sandbox.write(f"{self.scratch}/{name}", text)
+
+    def exec(self, cmd: str, timeout: int = DEFAULT_TIMEOUT_S) -> tuple[int, str]:
+        res = self.sandbox.run(
+            f"cd {shlex.quote(self.workdir)} && {cmd}", timeout=timeout, max_output=32 << 20
+        )
+        return res.exit_code, res.output
 
 
-def _exec(container: Any, cmd: str) -> tuple[int, str]:
-    res = container.exec_run(["/bin/bash", "-c", cmd], workdir=WORKDIR)
-    return res.exit_code, (res.output or b"").decode("utf-8", errors="replace")
-
-
-def _apply_model_patch(container: Any) -> tuple[str | None, str]:
+def _apply_model_patch(target: Any) -> tuple[str | None, str]:
     """Try each apply command from a clean tree; returns (command that worked or None, last output)."""
     output = ""
+    diff = shlex.quote(f"{target.scratch}/model.diff")
     for attempt, cmd in enumerate(APPLY_COMMANDS):
         if attempt:
             # --reject and patch leave partial edits behind; start each try from the base tree.
-            _exec(container, "git checkout -q -- . && git clean -fdq")
-        rc, output = _exec(container, f"{cmd} {SCRATCH}/model.diff")
+            target.exec("git checkout -q -- . && git clean -fdq -e .kvagent-grade")
+        rc, output = target.exec(f"{cmd} {diff}")
         if rc == 0:
             return cmd, output
     # The chain can apply the patch fully while each command still exits non-zero.
-    rc, _ = _exec(container, f"git apply --check --reverse {SCRATCH}/model.diff")
+    rc, _ = target.exec(f"git apply --check --reverse {diff}")
     if rc == 0:
         return "already applied", output
     return None, output
+
+
+def _grade_in(
+    target: Any,
+    instance: Instance,
+    patch: str,
+    test_cmd: str,
+    details: dict[str, Any],
+    timeout: int,
+    logs: Path | None,
+) -> None:
+    """Apply the model patch, run the tests, and fill `details` with swebench's verdict."""
+    empty = not patch.strip()
+    script = eval_script(instance, test_cmd, target.workdir, target.scratch)
+    target.put({"model.diff": patch, "test.diff": instance.test_patch, "eval.sh": script})
+
+    if not empty:
+        applied, apply_out = _apply_model_patch(target)
+        details["apply_command"] = applied
+        details["patch_applied"] = applied is not None
+        if logs is not None:
+            atomic_write_text(logs / "apply.log", apply_out)
+        if applied is None:
+            last = [ln for ln in apply_out.strip().splitlines() if ln.strip()]
+            details["error"] = f"model patch did not apply: {last[-1] if last else 'no output'}"
+            return
+
+    rc, output = target.exec(
+        f"timeout -s KILL {int(timeout)} /bin/bash {shlex.quote(target.scratch)}/eval.sh", timeout + 30
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        log_path = (logs or Path(tmp)) / "test_output.txt"
+        atomic_write_text(log_path, output)
+        if rc == TEST_PATCH_FAILED_RC:
+            details["error"] = "test_patch did not apply on top of the model patch"
+            return
+        if rc == 137 and "Test Exit Code" not in output:
+            details["error"] = f"tests timed out after {timeout} s"
+            return
+        verdict = judge_log(instance, patch, log_path)
+    details["tests_status"] = verdict.get("tests_status")
+    if not verdict.get("patch_successfully_applied"):
+        # get_logs_eval found no usable test output (crash, collection error, exit-code mismatch).
+        details["error"] = "no usable test output" + (
+            f" ({verdict['infra_failure_reason']})" if verdict.get("infra_failure_reason") else ""
+        )
+        return
+    details["resolved"] = bool(verdict.get("resolved"))
+    details["status"] = "resolved" if details["resolved"] else "unresolved"
+
+
+def _new_details(instance: Instance, patch: str) -> dict[str, Any]:
+    return {
+        "instance_id": instance.instance_id,
+        "image": None,
+        "status": "error",
+        "resolved": False,
+        "patch_is_empty": not patch.strip(),
+        "patch_applied": None,
+        "apply_command": None,
+        "tests_status": None,
+        "error": None,
+    }
+
+
+def grade_in_sandbox(
+    instance: Instance,
+    model_patch: str | None,
+    sandbox: Any,
+    *,
+    timeout: int = DEFAULT_TIMEOUT_S,
+    log_dir: str | Path | None = None,
+    recipes: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Grade one prediction in a kvagent Sandbox that is fresh at the base commit (local or docker)."""
+    started = time.monotonic()
+    patch = model_patch or ""
+    if patch and not patch.endswith("\n"):
+        patch += "\n"
+    details = _new_details(instance, patch)
+    logs = Path(log_dir) if log_dir is not None else None
+    try:
+        _grade_in(
+            _SandboxTarget(sandbox),
+            instance,
+            patch,
+            repo_test_command(instance, recipes),
+            details,
+            timeout,
+            logs,
+        )
+    except KvagentError as e:
+        details["error"] = str(e)
+    details["duration_s"] = round(time.monotonic() - started, 2)
+    if logs is not None:
+        atomic_write_json(logs / "details.json", details)
+    return details
 
 
 def grade_instance(
@@ -190,20 +313,9 @@ def grade_instance(
     started = time.monotonic()
     client = client or docker_client()
     patch = model_patch or ""
-    empty = not patch.strip()
     if patch and not patch.endswith("\n"):
         patch += "\n"  # git apply rejects a diff whose last line lacks its newline
-    details: dict[str, Any] = {
-        "instance_id": instance.instance_id,
-        "image": None,
-        "status": "error",
-        "resolved": False,
-        "patch_is_empty": empty,
-        "patch_applied": None,
-        "apply_command": None,
-        "tests_status": None,
-        "error": None,
-    }
+    details = _new_details(instance, patch)
     logs = Path(log_dir) if log_dir is not None else None
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
@@ -235,42 +347,7 @@ def grade_instance(
                     f"with `kvagent images build --instances {instance.instance_id}`"
                 ) from None
             raise
-        script = eval_script(instance, test_cmd)
-        _put_files(
-            container, SCRATCH, {"model.diff": patch, "test.diff": instance.test_patch, "eval.sh": script}
-        )
-
-        if not empty:
-            applied, apply_out = _apply_model_patch(container)
-            details["apply_command"] = applied
-            details["patch_applied"] = applied is not None
-            if logs is not None:
-                atomic_write_text(logs / "apply.log", apply_out)
-            if applied is None:
-                last = [ln for ln in apply_out.strip().splitlines() if ln.strip()]
-                details["error"] = f"model patch did not apply: {last[-1] if last else 'no output'}"
-                return details
-
-        rc, output = _exec(container, f"timeout -s KILL {int(timeout)} /bin/bash {SCRATCH}/eval.sh")
-        with tempfile.TemporaryDirectory() as tmp:
-            log_path = (logs or Path(tmp)) / "test_output.txt"
-            atomic_write_text(log_path, output)
-            if rc == TEST_PATCH_FAILED_RC:
-                details["error"] = "test_patch did not apply on top of the model patch"
-                return details
-            if rc == 137 and "Test Exit Code" not in output:
-                details["error"] = f"tests timed out after {timeout} s"
-                return details
-            verdict = judge_log(instance, patch, log_path)
-        details["tests_status"] = verdict.get("tests_status")
-        if not verdict.get("patch_successfully_applied"):
-            # get_logs_eval found no usable test output (crash, collection error, exit-code mismatch).
-            details["error"] = "no usable test output" + (
-                f" ({verdict['infra_failure_reason']})" if verdict.get("infra_failure_reason") else ""
-            )
-            return details
-        details["resolved"] = bool(verdict.get("resolved"))
-        details["status"] = "resolved" if details["resolved"] else "unresolved"
+        _grade_in(_ContainerTarget(container), instance, patch, test_cmd, details, timeout, logs)
         return details
     except KvagentError as e:
         details["error"] = str(e)

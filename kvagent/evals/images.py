@@ -165,6 +165,8 @@ def recipe_for(instance_id: str, recipes: Mapping[str, Recipe] | None = None) ->
 def repo_test_command(instance: Instance, recipes: Mapping[str, Recipe] | None = None) -> str:
     """The repository's test command: the recipe's, else the pytest command swebench uses for
     pytest-based repositories."""
+    if isinstance(instance.extra.get("test_cmd"), str):
+        return instance.extra["test_cmd"]  # e.g. a fixture or private instance that names its own
     recipes = load_recipes() if recipes is None else recipes
     if instance.instance_id in recipes:
         return recipes[instance.instance_id].test_cmd
