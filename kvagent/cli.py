@@ -54,15 +54,17 @@ def not_built(command: str) -> None:
 @app.command()
 @user_errors
 def demo(
-    model: str = typer.Option(
-        "smollm2", help="Model: smollm2 (bundled), tiny-random-qwen3, or an HF id / dir."
-    ),
+    model: str = typer.Option("smollm2", help="Model: smollm2 (bundled), tiny-random-qwen3, or an HF id / dir."),
     out: str = typer.Option("demo-out", help="Directory for the results."),
+    budget: int = typer.Option(512, help="K: entries per head kept at each eviction round (multiple of 32)."),
+    turns: int = typer.Option(12, help="Tool calls in the generated episode."),
+    seed: int = typer.Option(0, help="Episode seed (same seed, same token stream)."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:
     """The main job on the bundled small model: compare eviction policies on a coding-agent episode."""
-    from kvagent.runtime.demo import run_demo
+    from kvagent.evals.bench.demo import run_demo
 
-    run_demo(model=model, out=out)
+    run_demo(model=model, out=out, budget=budget, turns=turns, seed=seed, progress=not quiet)
 
 
 DEFAULT_MODEL = "agentica-org/DeepSWE-Preview"
@@ -197,60 +199,255 @@ def solve(
     )
 
 
+def split_list(text: str, what: str) -> list[str]:
+    from kvagent.errors import ConfigError
+
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise ConfigError(f"{what}: empty list; pass comma-separated values")
+    return items
+
+
+def per_policy_args(items: list[str] | None) -> dict[str, dict[str, Any]]:
+    """`nexus.lam=0.5` -> {"nexus": {"lam": 0.5}}."""
+    from kvagent.errors import ConfigError
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items or []:
+        policy, dot, rest = item.partition(".")
+        if not dot:
+            raise ConfigError(f"policy-arg: {item!r} needs POLICY.KEY=VALUE, e.g. nexus.lam=0.5")
+        out.setdefault(policy, {}).update(parse_policy_args([rest]))
+    return out
+
+
 @app.command(name="eval")
 @user_errors
-def eval_() -> None:
+def eval_(
+    dataset: str = typer.Option(..., help="SWE-bench instances: .json/.jsonl/.parquet file or HF dataset name."),
+    split: str = typer.Option("test", help="Dataset split (HF names, folders)."),
+    instances: str = typer.Option(None, help="Selection: ids a,b | slice 0:10 | re:REGEX | repo:owner/name."),
+    policies: str = typer.Option("full,random,nexus", help="Comma list of policies."),
+    modes: str = typer.Option("persistent,reprefill", help="Comma list: persistent, reprefill."),
+    budgets: str = typer.Option("1024", help="Comma list of budgets (tokens or fractions)."),
+    seeds: str = typer.Option("0", help="Comma list of seeds (Pass@1 averages over them)."),
+    model: str = OPT_MODEL,
+    buffer: int = OPT_BUFFER,
+    scope: str = OPT_SCOPE,
+    protect: str = OPT_PROTECT,
+    window: int = OPT_WINDOW,
+    policy_arg: list[str] = typer.Option(None, "--policy-arg", help="POLICY.KEY=VALUE (repeatable)."),
+    env: str = typer.Option("docker", help="docker (instance images) or local (--repos checkouts)."),
+    repos: str = typer.Option(None, help="With --env local: DIR/<instance_id> checkouts at base commit."),
+    grade: bool = typer.Option(True, help="Grade each run in a fresh sandbox."),
+    workers: int = typer.Option(1, help="Episodes in parallel (one shared model)."),
+    max_steps: int = typer.Option(100, help="Hard step limit per episode."),
+    max_new_tokens: int = typer.Option(8192, help="Tokens per reply."),
+    context_limit: int = typer.Option(65_536, help="Logical tokens per episode."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    out: str = typer.Option("runs/eval", help="Run directory (resumable)."),
+    device: str = OPT_DEVICE,
+    dtype: str = OPT_DTYPE,
+) -> None:
     """Run the agent over SWE-bench instances for each policy x mode x budget x seed."""
-    not_built("eval")
+    from kvagent.agent.config import AgentConfig
+    from kvagent.errors import ConfigError
+    from kvagent.evals.batch import run_eval
+
+    try:
+        seed_list = [int(x) for x in split_list(seeds, "seeds")]
+    except ValueError:
+        raise ConfigError(f"seeds: {seeds!r} must be comma-separated integers") from None
+    run_eval(
+        dataset=dataset,
+        split=split,
+        instances=instances,
+        policies=split_list(policies, "policies"),
+        modes=split_list(modes, "modes"),
+        budgets=[parse_budget(b) for b in split_list(budgets, "budgets")],
+        seeds=seed_list,
+        model=model,
+        cache_options={"buffer": buffer, "scope": scope, "protect": protect, "window": window},
+        policy_args=per_policy_args(policy_arg),
+        agent_config=AgentConfig(
+            max_steps=max_steps, max_new_tokens=max_new_tokens, context_limit=context_limit, temperature=temperature
+        ),
+        env=env,
+        repos=repos,
+        grade=grade,
+        workers=workers,
+        out=out,
+        device=device,
+        dtype=dtype,
+    )
 
 
 @app.command()
 @user_errors
-def chat() -> None:
+def chat(
+    repo: str = typer.Option(..., help="Local repository to work on (copied; never edited in place)."),
+    model: str = OPT_MODEL,
+    policy: str = OPT_POLICY,
+    budget: str = OPT_BUDGET,
+    buffer: int = OPT_BUFFER,
+    mode: str = OPT_MODE,
+    scope: str = OPT_SCOPE,
+    protect: str = OPT_PROTECT,
+    window: int = OPT_WINDOW,
+    seed: int = OPT_SEED,
+    policy_arg: list[str] = OPT_POLICY_ARG,
+    approval: str = typer.Option(
+        "confirm", help="confirm: a key (y/n/q) before each tool call; yolo: run all."
+    ),
+    max_steps: int = typer.Option(100, help="Hard limit on model calls per request."),
+    max_new_tokens: int = typer.Option(8192, help="Tokens per reply."),
+    context_limit: int = typer.Option(65_536, help="Logical tokens of the whole chat."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
+    prompt_style: str = typer.Option("repo_first", help="First request's prompt: repo_first or issue_first."),
+    device: str = OPT_DEVICE,
+    dtype: str = OPT_DTYPE,
+) -> None:
     """Interactive agent over a local repository with a bounded cache."""
-    not_built("chat")
+    from kvagent.agent.chat import run_chat
+
+    run_chat(
+        repo=repo,
+        model=model,
+        cache_config=make_cache_config(
+            policy, budget, buffer, mode, scope, protect, window, seed, policy_arg
+        ),
+        approval=approval,
+        max_steps=max_steps,
+        max_new_tokens=max_new_tokens,
+        context_limit=context_limit,
+        temperature=temperature,
+        prompt_style=prompt_style,
+        seed=seed,
+        device=device,
+        dtype=dtype,
+    )
 
 
 @app.command()
 @user_errors
-def grade() -> None:
+def grade(
+    predictions: str = typer.Argument(..., help="Predictions JSONL/JSON in SWE-bench format, or `gold`."),
+    dataset: str = typer.Option(..., help="The instances' dataset file or HF name."),
+    split: str = typer.Option("test", help="Dataset split."),
+    instances: str = typer.Option(None, help="Only these instances (same selection syntax as eval)."),
+    out: str = typer.Option("grade-out", help="Directory for report.json and logs."),
+    timeout: int = typer.Option(1800, help="Seconds per instance's tests."),
+    harness: str = typer.Option("kvagent", help="kvagent (offline images) or official (swebench harness)."),
+) -> None:
     """Grade a predictions file against its SWE-bench instances."""
-    not_built("grade")
+    from kvagent.errors import ConfigError
+    from kvagent.evals.grading import grade_predictions
+
+    if harness == "official":
+        raise ConfigError(
+            "harness: the official swebench harness pulls images from Docker Hub; run "
+            "`python -m swebench.harness.run_evaluation --predictions_path FILE ...` where it is reachable"
+        )
+    if harness != "kvagent":
+        raise ConfigError(f"harness: got {harness!r}; choose kvagent or official")
+    report_ = grade_predictions(predictions, dataset, instances, out, split=split, timeout=timeout, log=typer.echo)
+    typer.echo(f"resolved {report_['resolved_instances']} of {report_['total_instances']}; {out}/report.json")
 
 
 @app.command()
 @user_errors
-def report() -> None:
+def report(run_dir: str = typer.Argument(..., help="A `kvagent eval` run directory.")) -> None:
     """Resolved / Pass@1 tables, CIs and plots for a run directory."""
-    not_built("report")
+    from pathlib import Path
+
+    from kvagent.evals.report import write_report
+
+    write_report(run_dir)
+    typer.echo((Path(run_dir) / "report.md").read_text(encoding="utf-8"))
 
 
 @images_app.command("base")
 @user_errors
-def images_base() -> None:
+def images_base(
+    tag: str = typer.Option("kvagent/base:bookworm", help="Image tag."),
+    force: bool = typer.Option(False, help="Rebuild even if the tag exists."),
+    suite: str = typer.Option("bookworm", help="Debian suite for debootstrap."),
+) -> None:
     """Build the registry-free base image (debootstrap + docker import)."""
-    not_built("images base")
+    from kvagent.sandbox.images import build_base_image
+
+    typer.echo(build_base_image(tag=tag, force=force, suite=suite))
 
 
 @images_app.command("build")
 @user_errors
-def images_build() -> None:
-    """Build runnable SWE-bench instance images offline."""
-    not_built("images build")
+def images_build(
+    instances: str = typer.Option(..., help="Instance ids (comma list) or a selection (re:..., 0:3)."),
+    dataset: str = typer.Option(None, help="Dataset holding the instances (default: the shipped recipes' ids)."),
+    split: str = typer.Option("test", help="Dataset split."),
+    recipes: list[str] = typer.Option(None, "--recipes", help="Extra recipe files (JSON/YAML)."),
+    rebuild: bool = typer.Option(False, help="Rebuild existing images."),
+) -> None:
+    """Build runnable SWE-bench instance images offline (base rootfs + sdist + pinned wheels)."""
+    from kvagent.evals.images import build_images, load_recipes
+
+    recipe_map = load_recipes(recipes or ())
+    if dataset:
+        from kvagent.evals.datasets import load_instances
+
+        targets: list[Any] = load_instances(dataset, split=split, select=instances)
+    else:
+        targets = split_list(instances, "instances")
+    for tag in build_images(targets, recipes=recipe_map, rebuild=rebuild, log=typer.echo):
+        typer.echo(tag)
 
 
 @bench_app.command("fidelity")
 @user_errors
-def bench_fidelity() -> None:
+def bench_fidelity(
+    model: str = typer.Option("smollm2", help="smollm2, tiny-random-qwen3 (smoke), or an HF id / dir."),
+    policies: str = typer.Option("random,snapkv,h2o,streaming,pyramidkv,nexus", help="Comma list of policies."),
+    modes: str = typer.Option("persistent,reprefill", help="Comma list: persistent, reprefill."),
+    budgets: str = typer.Option("1536,2048", help="Comma list of K (tokens, or fractions in (0,1))."),
+    scopes: str = typer.Option("prefill+decode", help="Comma list: prefill, prefill+decode."),
+    protect: str = typer.Option("prompt", help="Comma list: prompt, sink, none."),
+    episodes: list[str] = typer.Option(  # noqa: B006
+        ["gen:seed=0,turns=16"], help="Episode source (repeatable): gen[:seed=N,turns=T,repo=DIR], "
+        "FILE.jsonl[:first=N,ids=a|b,max_chars=C], FILE.traj.json, or a directory of *.traj.json.",
+    ),
+    out: str = typer.Option("bench-out", help="Directory for fidelity.json / .md / .png (resumable)."),
+    buffer: int = typer.Option(128, help="r: a round fires at K + r entries."),
+    window: int = typer.Option(16, help="W: recent queries kept for scoring."),
+    seed: int = typer.Option(0, help="Session seed (random draws of the policies)."),
+    max_tokens: int = typer.Option(None, help="Cut each episode to at most this many tokens (whole turns)."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+) -> None:
     """Replay agent episodes under each policy and compare with the full cache."""
-    not_built("bench fidelity")
+    from kvagent.evals.bench.cli_support import fidelity_command
+
+    fidelity_command(model, policies, modes, budgets, scopes, protect, episodes, out, buffer, window, seed,
+                     max_tokens, quiet)
 
 
 @bench_app.command("speed")
 @user_errors
-def bench_speed() -> None:
+def bench_speed(
+    model: str = typer.Option("smollm2", help="smollm2, tiny-random-qwen3 (smoke), or an HF id / dir."),
+    policies: str = typer.Option("full,random,streaming,snapkv,h2o,pyramidkv,nexus", help="Comma list."),
+    lengths: str = typer.Option("1024,4096,8192", help="Comma list of logical lengths for decode latency."),
+    budget: int = typer.Option(1024, help="K for the evicting policies (multiple of 32 for nexus)."),
+    buffer: int = typer.Option(128, help="r: a round fires at K + r entries."),
+    steps: int = typer.Option(256, help="Decode steps timed at each length (>= r, so rounds are included)."),
+    turns: int = typer.Option(32, help="Turns of the generated episode for persistent vs reprefill."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    out: str = typer.Option("bench-out", help="Directory for speed.json / .md / .png."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
+) -> None:
     """Decode latency, eviction-round cost and KV memory per policy."""
-    not_built("bench speed")
+    from kvagent.evals.bench.speed import speed_command
+
+    speed_command(model=model, policies=policies, lengths=lengths, budget=budget, buffer=buffer, steps=steps,
+                  turns=turns, device=device, out=out, quiet=quiet)
 
 
 def main() -> None:
