@@ -4,8 +4,6 @@ patch), written atomically so a crash or Ctrl-C never leaves a half-written file
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +11,7 @@ from typing import Any
 
 from kvagent.agent.loop import EpisodeResult
 from kvagent.errors import KvagentError
+from kvagent.fileio import atomic_write_json
 
 FORMAT = "kvagent.trajectory/1"
 SUFFIX = ".traj.json"
@@ -46,19 +45,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, ensure_ascii=False, default=_jsonable)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_json(path, data, default=_jsonable)
 
 
 def write_trajectory(path: str | Path, result: EpisodeResult, meta: Mapping[str, Any] | None = None) -> Path:
