@@ -20,6 +20,8 @@ from kvagent.agent.tools import FINISH_TOOL
 from kvagent.errors import KvagentError
 
 EXIT_STATUSES = ("submitted", "step_limit", "context_limit", "error")
+# A reply whose generation the user stopped (chat's Ctrl-C); its tokens stay in the stream.
+INTERRUPTED = "interrupted"
 
 
 @dataclass
@@ -97,39 +99,28 @@ class Agent:
     tokenizer: Any
     config: AgentConfig = field(default_factory=AgentConfig)
     on_event: Callable[[AgentEvent], None] | None = None
+    # Called before each tool runs (chat's confirm mode): None runs it, a string is the observation
+    # sent instead (e.g. "the user declined").
+    approve: Callable[[Turn, ToolCall], str | None] | None = None
 
     def __post_init__(self) -> None:
         self.render = ChatMLRenderer(self.tokenizer)
         self.messages: list[dict[str, str]] = []
         self.turns: list[Turn] = []
+        self.prompt_tokens = 0
         self._last_reply_ids: list[int] = []
+        self._first_step = 0  # turns before the current request (chat); step limits count from here
 
     def run(self, issue_text: str) -> EpisodeResult:
         if self.messages or self.turns:
             raise KvagentError("an Agent runs one episode; make a new Agent (and session) for the next")
         cfg, started = self.config, time.perf_counter()
-        repo_dir = cfg.repo_dir or getattr(self.env, "workdir", None) or "/testbed"
-        system = system_prompt()
-        user = with_steps_notice(instance_prompt(issue_text, cfg.prompt_style, repo_dir), self._notice())
-        prompt_ids = self.render.prompt_ids(system, user)
+        system, user, prompt_ids = self._prompt(issue_text)
         status, error = None, None
         try:
-            status = self._feed(prompt_ids)
+            status = self._start(system, user, prompt_ids)
             if status is None:
-                self.messages += [{"role": "system", "content": system}, {"role": "user", "content": user}]
-                self._emit("start")
-            while status is None:
-                turn = self._reply()
-                if turn.finish_reason == "length" and self._room() <= 0:
-                    status = "context_limit"
-                    break
-                self._act(turn)
-                if turn.call and turn.call["name"] == FINISH_TOOL:
-                    status = "submitted"
-                elif len(self.turns) >= cfg.max_steps:
-                    status = "step_limit"
-                else:
-                    status = self._observe(turn)
+                status = self.loop()
         except Exception as e:  # the episode records what went wrong instead of losing its trajectory
             status, error = "error", f"{type(e).__name__}: {e}"
         patch, patch_error = self._patch()
@@ -143,10 +134,57 @@ class Agent:
             turns=self.turns,
             config=cfg,
             error=error,
-            prompt_tokens=len(prompt_ids),
+            prompt_tokens=self.prompt_tokens,
             logical_length=self.session.logical_length,
             elapsed_s=time.perf_counter() - started,
         )
+
+    def start(self, issue_text: str) -> str | None:
+        """Feed the system prompt and the instance prompt; None, or "context_limit" if it does not fit."""
+        return self._start(*self._prompt(issue_text))
+
+    def follow_up(self, text: str) -> str | None:
+        """Chat: append a new user request after the last reply (same framing as an observation) and
+        count steps afresh from here. None, or "context_limit" if it does not fit."""
+        self._first_step = len(self.turns)
+        text = with_steps_notice(text, self._notice())
+        status = self._feed(self.render.observation_ids(text, self._last_reply_ids))
+        if status is None:
+            self.messages.append({"role": "user", "content": text})
+        return status
+
+    def loop(self) -> str:
+        """Generate, act and observe until `finish`, the step limit, the context limit or an interrupted
+        reply; returns that status. Exceptions propagate (`run` records them)."""
+        while True:
+            turn = self._reply()
+            if turn.finish_reason == INTERRUPTED:
+                return INTERRUPTED
+            if turn.finish_reason == "length" and self._room() <= 0:
+                return "context_limit"
+            self._act(turn)
+            if turn.call and turn.call["name"] == FINISH_TOOL:
+                return "submitted"
+            if len(self.turns) - self._first_step >= self.config.max_steps:
+                return "step_limit"
+            status = self._observe(turn)
+            if status is not None:
+                return status
+
+    def _prompt(self, issue_text: str) -> tuple[str, str, list[int]]:
+        cfg = self.config
+        repo_dir = cfg.repo_dir or getattr(self.env, "workdir", None) or "/testbed"
+        system = system_prompt()
+        user = with_steps_notice(instance_prompt(issue_text, cfg.prompt_style, repo_dir), self._notice())
+        return system, user, self.render.prompt_ids(system, user)
+
+    def _start(self, system: str, user: str, prompt_ids: list[int]) -> str | None:
+        self.prompt_tokens = len(prompt_ids)
+        status = self._feed(prompt_ids)
+        if status is None:
+            self.messages += [{"role": "system", "content": system}, {"role": "user", "content": user}]
+            self._emit("start")
+        return status
 
     def _reply(self) -> Turn:
         turn = Turn(step=len(self.turns) + 1)
@@ -172,6 +210,10 @@ class Agent:
             return
         turn.call = {"name": call.name, "params": call.params}
         self._emit("reply", turn)
+        declined = self.approve(turn, call) if self.approve is not None else None
+        if declined is not None:
+            turn.observation = declined
+            return
         t = time.perf_counter()
         result = self.env.run_tool(call.name, call.params, timeout=self.config.command_timeout)
         turn.tool_s = time.perf_counter() - t
@@ -202,7 +244,9 @@ class Agent:
 
     def _notice(self) -> str:
         c = self.config
-        return steps_notice(len(self.turns), c.max_steps, c.soft_step_limit, c.urge_remaining)
+        return steps_notice(
+            len(self.turns) - self._first_step, c.max_steps, c.soft_step_limit, c.urge_remaining
+        )
 
     def _record_cache(self, turn: Turn) -> None:
         turn.logical_length = self.session.logical_length

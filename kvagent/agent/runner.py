@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from kvagent.agent.config import AgentConfig
-from kvagent.agent.solve import solve_episode
+from kvagent.agent.solve import check_prompt_fits, solve_episode
 from kvagent.errors import KvagentError
 from kvagent.fileio import atomic_write_text
 
@@ -62,6 +62,7 @@ def run_solve(
     console.print(f"loading model {model} ...")
     engine = Engine.load(model, device=device, dtype=dtype)
     engine.session(cache_config)  # fail on a bad budget for this model before opening a sandbox
+    check_prompt_fits(engine.tokenizer, cache_config, prompt_style, issue_text)
     out_dir.mkdir(parents=True, exist_ok=True)
     trajectory = out_dir / "episode.traj.json"
     progress = EpisodeProgress(console, cache_config.budget, cache_config.buffer, max_steps)

@@ -43,3 +43,23 @@ def solve_episode(
 
 def _as_dict(obj: Any) -> Any:
     return obj.to_dict() if hasattr(obj, "to_dict") else obj
+
+
+def check_prompt_fits(tokenizer: Any, cache_config: Any, prompt_style: str, issue_text: str = "") -> None:
+    """With protect=prompt the whole first prompt is kept, so a budget at or below its length could
+    only fail at the first append (after a sandbox was opened); refuse up front instead."""
+    from kvagent.agent.prompts import instance_prompt, system_prompt
+    from kvagent.agent.render import ChatMLRenderer
+    from kvagent.errors import ConfigError
+
+    budget = getattr(cache_config, "budget", None)
+    if not (cache_config.evicts and cache_config.protect == "prompt" and isinstance(budget, int)):
+        return
+    length = len(
+        ChatMLRenderer(tokenizer).prompt_ids(system_prompt(), instance_prompt(issue_text, prompt_style))
+    )
+    if budget <= length:
+        raise ConfigError(
+            f"budget: {budget} but protect=prompt keeps the whole first prompt (at least {length} tokens "
+            f"with this model), so nothing could be evicted; pass --budget above {length} or --protect sink"
+        )

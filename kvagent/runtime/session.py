@@ -95,13 +95,23 @@ class Session:
 
     def step(self, token_id: int) -> torch.Tensor:
         """Feed one token through the decode path; returns float32 logits (vocab,)."""
-        if self.config.evicts and self._room() <= 0:
-            self._evict_due()  # scope=prefill lets decode overflow; the next feed settles it
         logits = self._forward([int(token_id)], all_logits=False)
         self._stats.decode_tokens += 1
         if self.config.evicts and self.config.scope == "prefill+decode":
             self._evict_due()
         return logits[-1]
+
+    def teacher_force(self, ids) -> torch.Tensor:
+        """Feed tokens exactly as that many `step` calls would (same logits, same rounds at the same
+        points, same keep-sets; never a reprefill), in batched forwards. Returns (n, vocab) logits,
+        row i predicting the token after ids[i]. For replaying recorded assistant turns."""
+        ids = _as_list(ids)
+        if not ids:
+            raise ConfigError("teacher_force: got no token ids; pass at least one")
+        if self._last_logits is None:
+            raise ConfigError("teacher_force: the session is empty; append a prompt first")
+        evict = self.config.evicts and self.config.scope == "prefill+decode"
+        return self._prefill(ids, evict=evict, all_logits=True, decode=True)
 
     def generate(self, max_new_tokens: int, sampling: Sampling | None = None, stop=None) -> Generation:
         """Sample up to `max_new_tokens` with `step`; every sampled id (the last too) is fed."""
@@ -209,7 +219,7 @@ class Session:
             room = math.ceil(room / (1.0 - b))
         return room
 
-    def _prefill(self, ids: list[int], evict: bool, all_logits: bool) -> torch.Tensor:
+    def _prefill(self, ids: list[int], evict: bool, all_logits: bool, decode: bool = False) -> torch.Tensor:
         chunks = []
         i = 0
         while i < len(ids):
@@ -221,7 +231,11 @@ class Session:
                     continue
                 size = min(size, room)
             logits = self._forward(ids[i : i + size], all_logits=all_logits)
-            self._stats.prefill_tokens += min(size, len(ids) - i)
+            fed = min(size, len(ids) - i)
+            if decode:
+                self._stats.decode_tokens += fed
+            else:
+                self._stats.prefill_tokens += fed
             chunks.append(logits)
             i += size
             if evict:

@@ -116,7 +116,9 @@ def make_policy(name: str, **policy_args: Any) -> BasePolicy:
     except TypeError as e:
         from kvagent.errors import ConfigError
 
-        raise ConfigError(f"policy_args: {name} rejects {sorted(policy_args)} ({e}); remove or rename them") from None
+        raise ConfigError(
+            f"policy_args: {name} rejects {sorted(policy_args)} ({e}); remove or rename them"
+        ) from None
 
 
 def _load_builtin() -> None:
