@@ -54,7 +54,9 @@ def not_built(command: str) -> None:
 @app.command()
 @user_errors
 def demo(
-    model: str = typer.Option("smollm2", help="Model: smollm2 (bundled), tiny-random-qwen3, or an HF id / dir."),
+    model: str = typer.Option(
+        "smollm2", help="Model: smollm2 (bundled), tiny-random-qwen3, or an HF id / dir."
+    ),
     out: str = typer.Option("demo-out", help="Directory for the results."),
     budget: int = typer.Option(512, help="K: entries per head kept at each eviction round (multiple of 32)."),
     turns: int = typer.Option(12, help="Tool calls in the generated episode."),
@@ -83,7 +85,9 @@ def parse_budget(text: str | None) -> int | float | None:
     try:
         return float(text)
     except ValueError:
-        raise ConfigError(f"budget: {text!r} is not a number; pass tokens (1024) or a fraction (0.2)") from None
+        raise ConfigError(
+            f"budget: {text!r} is not a number; pass tokens (1024) or a fraction (0.2)"
+        ) from None
 
 
 def parse_policy_args(items: list[str] | None) -> dict[str, Any]:
@@ -130,7 +134,9 @@ def read_issue(issue: str) -> str:
     if not issue.strip():
         raise KvagentError("issue: empty; pass the issue text or a file holding it")
     path = Path(issue).expanduser()
-    looks_like_path = "\n" not in issue and " " not in issue.strip() and (bool(path.suffix) or os.sep in issue)
+    looks_like_path = (
+        "\n" not in issue and " " not in issue.strip() and (bool(path.suffix) or os.sep in issue)
+    )
     if looks_like_path:
         if not path.is_file():
             raise KvagentError(f"issue: file {issue} does not exist; pass the issue text or an existing file")
@@ -139,8 +145,12 @@ def read_issue(issue: str) -> str:
 
 
 # Options shared by the commands that run the agent.
-OPT_MODEL = typer.Option(DEFAULT_MODEL, help="smollm2 (bundled), tiny-random-qwen3, a hub id, a dir or .gguf.")
-OPT_POLICY = typer.Option("full", help="Eviction policy: full, streaming, random, snapkv, h2o, pyramidkv, nexus.")
+OPT_MODEL = typer.Option(
+    DEFAULT_MODEL, help="smollm2 (bundled), tiny-random-qwen3, a hub id, a dir or .gguf."
+)
+OPT_POLICY = typer.Option(
+    "full", help="Eviction policy: full, streaming, random, snapkv, h2o, pyramidkv, nexus."
+)
 OPT_BUDGET = typer.Option(None, help="K entries per head kept (int) or a fraction of the context (0.2).")
 OPT_BUFFER = typer.Option(128, help="r: a round fires at K + r entries.")
 OPT_MODE = typer.Option("persistent", help="persistent | reprefill.")
@@ -173,8 +183,12 @@ def solve(
     max_new_tokens: int = typer.Option(8192, help="Tokens per reply."),
     context_limit: int = typer.Option(65_536, help="Logical tokens; the episode ends cleanly there."),
     temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
-    prompt_style: str = typer.Option("repo_first", help="Instance prompt: repo_first (eval) or issue_first (training)."),
-    out: str = typer.Option(None, help="Directory for episode.traj.json and patch.diff (default runs/solve-TIME)."),
+    prompt_style: str = typer.Option(
+        "repo_first", help="Instance prompt: repo_first (eval) or issue_first (training)."
+    ),
+    out: str = typer.Option(
+        None, help="Directory for episode.traj.json and patch.diff (default runs/solve-TIME)."
+    ),
     device: str = OPT_DEVICE,
     dtype: str = OPT_DTYPE,
 ) -> None:
@@ -186,7 +200,9 @@ def solve(
         repo=repo,
         image=image,
         model=model,
-        cache_config=make_cache_config(policy, budget, buffer, mode, scope, protect, window, seed, policy_arg),
+        cache_config=make_cache_config(
+            policy, budget, buffer, mode, scope, protect, window, seed, policy_arg
+        ),
         max_steps=max_steps,
         max_new_tokens=max_new_tokens,
         context_limit=context_limit,
@@ -224,7 +240,9 @@ def per_policy_args(items: list[str] | None) -> dict[str, dict[str, Any]]:
 @app.command(name="eval")
 @user_errors
 def eval_(
-    dataset: str = typer.Option(..., help="SWE-bench instances: .json/.jsonl/.parquet file or HF dataset name."),
+    dataset: str = typer.Option(
+        ..., help="SWE-bench instances: .json/.jsonl/.parquet file or HF dataset name."
+    ),
     split: str = typer.Option("test", help="Dataset split (HF names, folders)."),
     instances: str = typer.Option(None, help="Selection: ids a,b | slice 0:10 | re:REGEX | repo:owner/name."),
     policies: str = typer.Option("full,random,nexus", help="Comma list of policies."),
@@ -270,7 +288,10 @@ def eval_(
         cache_options={"buffer": buffer, "scope": scope, "protect": protect, "window": window},
         policy_args=per_policy_args(policy_arg),
         agent_config=AgentConfig(
-            max_steps=max_steps, max_new_tokens=max_new_tokens, context_limit=context_limit, temperature=temperature
+            max_steps=max_steps,
+            max_new_tokens=max_new_tokens,
+            context_limit=context_limit,
+            temperature=temperature,
         ),
         env=env,
         repos=repos,
@@ -350,7 +371,9 @@ def grade(
         )
     if harness != "kvagent":
         raise ConfigError(f"harness: got {harness!r}; choose kvagent or official")
-    report_ = grade_predictions(predictions, dataset, instances, out, split=split, timeout=timeout, log=typer.echo)
+    report_ = grade_predictions(
+        predictions, dataset, instances, out, split=split, timeout=timeout, log=typer.echo
+    )
     typer.echo(f"resolved {report_['resolved_instances']} of {report_['total_instances']}; {out}/report.json")
 
 
@@ -383,7 +406,9 @@ def images_base(
 @user_errors
 def images_build(
     instances: str = typer.Option(..., help="Instance ids (comma list) or a selection (re:..., 0:3)."),
-    dataset: str = typer.Option(None, help="Dataset holding the instances (default: the shipped recipes' ids)."),
+    dataset: str = typer.Option(
+        None, help="Dataset holding the instances (default: the shipped recipes' ids)."
+    ),
     split: str = typer.Option("test", help="Dataset split."),
     recipes: list[str] = typer.Option(None, "--recipes", help="Extra recipe files (JSON/YAML)."),
     rebuild: bool = typer.Option(False, help="Rebuild existing images."),
@@ -406,13 +431,16 @@ def images_build(
 @user_errors
 def bench_fidelity(
     model: str = typer.Option("smollm2", help="smollm2, tiny-random-qwen3 (smoke), or an HF id / dir."),
-    policies: str = typer.Option("random,snapkv,h2o,streaming,pyramidkv,nexus", help="Comma list of policies."),
+    policies: str = typer.Option(
+        "random,snapkv,h2o,streaming,pyramidkv,nexus", help="Comma list of policies."
+    ),
     modes: str = typer.Option("persistent,reprefill", help="Comma list: persistent, reprefill."),
     budgets: str = typer.Option("1536,2048", help="Comma list of K (tokens, or fractions in (0,1))."),
     scopes: str = typer.Option("prefill+decode", help="Comma list: prefill, prefill+decode."),
     protect: str = typer.Option("prompt", help="Comma list: prompt, sink, none."),
     episodes: list[str] = typer.Option(  # noqa: B006
-        ["gen:seed=0,turns=16"], help="Episode source (repeatable): gen[:seed=N,turns=T,repo=DIR], "
+        ["gen:seed=0,turns=16"],
+        help="Episode source (repeatable): gen[:seed=N,turns=T,repo=DIR], "
         "FILE.jsonl[:first=N,ids=a|b,max_chars=C], FILE.traj.json, or a directory of *.traj.json.",
     ),
     out: str = typer.Option("bench-out", help="Directory for fidelity.json / .md / .png (resumable)."),
@@ -425,8 +453,21 @@ def bench_fidelity(
     """Replay agent episodes under each policy and compare with the full cache."""
     from kvagent.evals.bench.cli_support import fidelity_command
 
-    fidelity_command(model, policies, modes, budgets, scopes, protect, episodes, out, buffer, window, seed,
-                     max_tokens, quiet)
+    fidelity_command(
+        model,
+        policies,
+        modes,
+        budgets,
+        scopes,
+        protect,
+        episodes,
+        out,
+        buffer,
+        window,
+        seed,
+        max_tokens,
+        quiet,
+    )
 
 
 @bench_app.command("speed")
@@ -438,7 +479,7 @@ def bench_speed(
     budget: int = typer.Option(1024, help="K for the evicting policies (multiple of 32 for nexus)."),
     buffer: int = typer.Option(128, help="r: a round fires at K + r entries."),
     steps: int = typer.Option(256, help="Decode steps timed at each length (>= r, so rounds are included)."),
-    turns: int = typer.Option(32, help="Turns of the generated episode for persistent vs reprefill."),
+    episode: str = typer.Option("gen:seed=0,turns=32", help="Episode spec for persistent vs reprefill cost."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     out: str = typer.Option("bench-out", help="Directory for speed.json / .md / .png."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
@@ -446,8 +487,18 @@ def bench_speed(
     """Decode latency, eviction-round cost and KV memory per policy."""
     from kvagent.evals.bench.speed import speed_command
 
-    speed_command(model=model, policies=policies, lengths=lengths, budget=budget, buffer=buffer, steps=steps,
-                  turns=turns, device=device, out=out, quiet=quiet)
+    speed_command(
+        model=model,
+        policies=policies,
+        lengths=lengths,
+        budget=budget,
+        buffer=buffer,
+        steps=steps,
+        episode=episode,
+        device=device,
+        out=out,
+        quiet=quiet,
+    )
 
 
 def main() -> None:

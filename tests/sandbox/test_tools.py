@@ -219,6 +219,17 @@ def test_tool_scripts_are_python37_stdlib(name):
     src = (TOOLS_SRC / f"{name}.py").read_text()
     ast.parse(src, feature_version=(3, 7))  # no walrus, match, etc.
     imported = set(re.findall(r"^(?:import|from) (\w+)", src, re.MULTILINE))
-    assert imported <= {"ast", "contextlib", "json", "os", "re", "shlex", "signal", "subprocess", "sys", "threading"}
+    assert imported <= {
+        "ast",
+        "contextlib",
+        "json",
+        "os",
+        "re",
+        "shlex",
+        "signal",
+        "subprocess",
+        "sys",
+        "threading",
+    }
     assert "removeprefix" not in src and "shlex.join" not in src
     assert Path(TOOLS_SRC / f"{name}.py").exists()

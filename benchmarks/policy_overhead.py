@@ -1,0 +1,52 @@
+"""Eviction-round cost per policy, split into scoring and compaction, as a share of decode time, in
+one run: ~100M Qwen3-shaped random model, K=2048, r=128, scope prefill+decode (a round every 128
+decode steps). Goals: random <= 1%, nexus <= 3%, none > 5%.
+
+    .venv/bin/python benchmarks/policy_overhead.py [--quick] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _model  # noqa: E402
+
+from kvagent.evals.bench.speed import decode_latency  # noqa: E402
+from kvagent.runtime import Engine  # noqa: E402
+
+POLICIES = ("streaming", "random", "snapkv", "h2o", "pyramidkv", "nexus")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small model, K=512 (a smoke run)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    args = ap.parse_args()
+    model = _model.build(args.quick)
+    engine = Engine.load(model, tokenizer=_model.tokenizer(), device=args.device)
+    k, r = (512, 128) if args.quick else (2048, 128)
+    steps = 4 * r  # four rounds per policy
+    print(
+        f"model: Qwen3-shaped random, {_model.n_params(model) / 1e6:.0f}M params on {engine.device} "
+        f"({engine.dtype}); K={k}, r={r}, {steps} decode steps from a full cache; {time.strftime('%Y-%m-%d %H:%M')}"
+    )
+    print(f"{'policy':<10} {'rounds':>6} {'step ms':>8} {'scoring':>8} {'compact':>8} {'total':>8}  goal")
+    goals = {"random": 0.01, "nexus": 0.03}
+    for p in args.policies.split(","):
+        # Start just below K + r so every round in the timed window is a decode-time round.
+        (row,) = decode_latency(engine, p, [k + r - 1], k, r, steps)
+        goal = goals.get(p, 0.05)
+        ok = "ok" if row["round_share"] <= goal else "OVER"
+        print(
+            f"{p:<10} {row['rounds']:>6} {row['step_ms']:>8.2f} {row['scoring_share']:>8.2%} "
+            f"{row['compaction_share']:>8.2%} {row['round_share']:>8.2%}  <= {goal:.0%} {ok}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""`kvagent bench speed`: decode step latency vs logical length per policy, eviction-round cost
+(scoring vs compaction) as a share of decode time, KV bytes, and persistent vs reprefill prefill
+tokens and wall time on a generated episode. Every number comes from one run, side by side."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from kvagent.errors import ConfigError
+from kvagent.runtime.config import CacheConfig
+
+
+def _sync(engine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _ids(gen: torch.Generator, n: int, vocab: int) -> list[int]:
+    # Ordinary token ids, not the special tokens at the top of the vocabulary.
+    return torch.randint(0, max(2, vocab - 512), (n,), generator=gen).tolist()
+
+
+def speed_config(policy: str, budget: int | None, buffer: int) -> CacheConfig:
+    # protect=sink: the synthetic stream has no prompt worth protecting, and the budget need not
+    # exceed a prompt length.
+    return CacheConfig(
+        policy=policy,
+        budget=None if policy == "full" else budget,
+        buffer=buffer,
+        protect="sink",
+        scope="prefill+decode",
+    )
+
+
+def decode_latency(
+    engine,
+    policy: str,
+    lengths: list[int],
+    budget: int,
+    buffer: int = 128,
+    steps: int = 256,
+    seed: int = 0,
+    progress=None,
+) -> list[dict]:
+    """One session grows through `lengths`; at each, `steps` decode steps are timed (eviction rounds
+    that fire during them included, so per-step time is the amortised cost)."""
+    s = engine.session(speed_config(policy, budget, buffer))
+    gen = torch.Generator().manual_seed(seed)
+    vocab = engine.model.config.vocab_size
+    rows = []
+    for length in sorted(lengths):
+        need = length - s.logical_length
+        if need > 0:
+            s.append(_ids(gen, need, vocab))
+        toks = _ids(gen, steps, vocab)
+        before = s.stats.to_dict()
+        _sync(engine)
+        t0 = time.perf_counter()
+        for t in toks:
+            s.step(t)
+        _sync(engine)
+        wall = time.perf_counter() - t0
+        after = s.stats.to_dict()
+        scoring = after["scoring_s"] - before["scoring_s"]
+        compaction = after["compaction_s"] - before["compaction_s"]
+        rows.append(
+            {
+                "policy": policy,
+                "budget": None if policy == "full" else budget,
+                "buffer": buffer,
+                "length": length,
+                "steps": steps,
+                "step_ms": 1000 * wall / steps,
+                "rounds": after["rounds"] - before["rounds"],
+                "scoring_share": scoring / wall,
+                "compaction_share": compaction / wall,
+                "round_share": (scoring + compaction) / wall,
+                "kv_bytes": after["total_kv_bytes"],
+                "entries": max(after["entries"] or [0]),
+            }
+        )
+        if progress:
+            progress(1)
+    return rows
+
+
+def episode_cost(engine, stream, policy: str, budget: int, buffer: int = 128) -> list[dict]:
+    """Prefill tokens, wall time and KV bytes of one episode, persistent vs reprefill."""
+    from kvagent.evals.bench.replay import replay
+
+    rows = []
+    for mode in ("persistent", "reprefill"):
+        cfg = CacheConfig(policy=policy, budget=budget, buffer=buffer, mode=mode)
+        res = replay(engine, stream, cfg, lambda *a: None, probe=False)
+        st = res.stats
+        rows.append(
+            {
+                "policy": policy,
+                "mode": mode,
+                "budget": budget,
+                "turns": stream.n_turns,
+                "tokens": len(stream.ids),
+                "prefill_tokens": st["prefill_tokens"],
+                "decode_tokens": st["decode_tokens"],
+                "wall_s": res.wall_s,
+                "forward_s": st["forward_s"],
+                "rounds": st["rounds"],
+                "kv_bytes": st["total_kv_bytes"],
+            }
+        )
+    return rows
+
+
+def speed_markdown(lat: list[dict], episode: list[dict], meta: dict) -> str:
+    lines = [
+        f"Model {meta['model']} on {meta['device']} ({meta['dtype']}), K={meta['budget']}, r={meta['buffer']}, "
+        f"{meta['steps']} decode steps per length; {meta['date']}.",
+        "",
+    ]
+    lengths = sorted({r["length"] for r in lat})
+    policies = list(dict.fromkeys(r["policy"] for r in lat))
+    by = {(r["policy"], r["length"]): r for r in lat}
+    lines += ["Decode step time (ms, eviction rounds amortised); ratio = longest / shortest length:", ""]
+    lines.append("| policy | " + " | ".join(f"L={n}" for n in lengths) + " | ratio | ms vs full at longest |")
+    lines.append("|---" * (len(lengths) + 3) + "|")
+    full_last = by.get(("full", lengths[-1]))
+    for p in policies:
+        cells = [f"{by[(p, n)]['step_ms']:.2f}" for n in lengths]
+        ratio = by[(p, lengths[-1])]["step_ms"] / by[(p, lengths[0])]["step_ms"]
+        vs = f"{by[(p, lengths[-1])]['step_ms'] / full_last['step_ms']:.2f}x" if full_last else "-"
+        lines.append(f"| {p} | " + " | ".join(cells) + f" | {ratio:.2f}x | {vs} |")
+    lines += [
+        "",
+        "Eviction-round cost as a share of decode time (at the longest length), and KV memory:",
+        "",
+        "| policy | rounds | scoring | compaction | total | KV MiB | entries/head |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in policies:
+        r = by[(p, lengths[-1])]
+        lines.append(
+            f"| {p} | {r['rounds']} | {r['scoring_share']:.2%} | {r['compaction_share']:.2%} | "
+            f"{r['round_share']:.2%} | {r['kv_bytes'] / 2**20:.1f} | {r['entries']} |"
+        )
+    if episode:
+        lines += [
+            "",
+            f"Persistent vs reprefill on a {episode[0]['turns']}-turn episode "
+            f"({episode[0]['tokens']} tokens, policy {episode[0]['policy']}):",
+            "",
+            "| mode | prefill tokens | decode tokens | rounds | wall s | KV MiB |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in episode:
+            lines.append(
+                f"| {r['mode']} | {r['prefill_tokens']} | {r['decode_tokens']} | {r['rounds']} | "
+                f"{r['wall_s']:.1f} | {r['kv_bytes'] / 2**20:.1f} |"
+            )
+        if len(episode) == 2:
+            a, b = episode
+            lines.append(
+                f"\nreprefill / persistent: {b['prefill_tokens'] / a['prefill_tokens']:.1f}x prefill tokens, "
+                f"{b['wall_s'] / a['wall_s']:.2f}x wall time."
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plot_speed(lat: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvagent.evals.bench.plots import _save
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    policies = list(dict.fromkeys(r["policy"] for r in lat))
+    for p in policies:
+        pts = sorted((r["length"], r["step_ms"]) for r in lat if r["policy"] == p)
+        a1.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
+    a1.set_xscale("log", base=2)
+    a1.set_xlabel("logical length (tokens)")
+    a1.set_ylabel("decode step (ms)")
+    a1.legend(fontsize=7)
+    a1.grid(alpha=0.3)
+    longest = max(r["length"] for r in lat)
+    last = [r for r in lat if r["length"] == longest]
+    xs = range(len(last))
+    a2.bar(xs, [100 * r["scoring_share"] for r in last], label="scoring")
+    a2.bar(
+        xs,
+        [100 * r["compaction_share"] for r in last],
+        bottom=[100 * r["scoring_share"] for r in last],
+        label="compaction",
+    )
+    a2.set_xticks(list(xs), [r["policy"] for r in last], rotation=30, fontsize=8)
+    a2.set_ylabel("% of decode time")
+    a2.set_title(f"eviction-round cost at L={longest}", fontsize=9)
+    a2.legend(fontsize=7)
+    fig.tight_layout()
+    out = _save(fig, Path(path))
+    plt.close(fig)
+    return out
+
+
+def speed_command(model, policies, lengths, budget, buffer, steps, episode, device, out, quiet) -> dict:
+    import datetime
+
+    from kvagent.evals._io import atomic_write_json, atomic_write_text
+    from kvagent.evals.bench.cli_support import load_engine
+    from kvagent.evals.bench.fidelity import split_list
+    from kvagent.evals.bench.progress import Progress
+    from kvagent.runtime.policies import available
+
+    pols = split_list(policies, "policies")
+    for p in pols:
+        if p not in available():
+            raise ConfigError(f"policies: unknown policy {p!r}; choose from {', '.join(available())}")
+    try:
+        lens = sorted({int(x) for x in split_list(lengths, "lengths")})
+    except ValueError:
+        raise ConfigError(f"lengths: {lengths!r} must be comma-separated integers") from None
+    if lens[0] < 1 or budget < 1 or buffer < 1 or steps < 1:
+        raise ConfigError("lengths, budget, buffer and steps must be >= 1")
+    if "nexus" in pols and budget % 32:
+        raise ConfigError(f"budget: nexus needs a multiple of 32, got {budget}")
+    if device not in ("auto", "cpu") and not device.startswith("cuda"):
+        raise ConfigError(f"device: got {device!r}; use auto, cpu or cuda")
+    from kvagent.evals.bench.episodes import load_episodes
+
+    episodes = load_episodes([episode])
+    engine = load_engine(model, device=device)
+    meta = {
+        "model": model,
+        "device": str(engine.device),
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "budget": budget,
+        "buffer": buffer,
+        "steps": steps,
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "threads": torch.get_num_threads(),
+    }
+    lat: list[dict] = []
+    episode: list[dict] = []
+    with Progress(enabled=not quiet) as prog:
+        bar = prog.task("decode latency", len(pols) * len(lens))
+        for p in pols:
+            lat += decode_latency(engine, p, lens, budget, buffer, steps, progress=bar.advance)
+        evicting = [p for p in pols if p != "full"]
+        if evicting:
+            from kvagent.evals.bench.stream import build_stream
+
+            stream = build_stream(episodes[0], engine.tokenizer)
+            k = max(budget, (stream.prompt_length // 32 + 4) * 32)  # protect=prompt needs K > prompt
+            episode = episode_cost(engine, stream, evicting[0], k, buffer)
+    outp = Path(out)
+    atomic_write_json(outp / "speed.json", {"meta": meta, "decode": lat, "episode": episode})
+    md = speed_markdown(lat, episode, meta)
+    atomic_write_text(outp / "speed.md", md)
+    plot_speed(lat, outp / "speed.png")
+    print(md)
+    print(f"wrote {outp / 'speed.json'}, speed.md, speed.png")
+    return {"meta": meta, "decode": lat, "episode": episode}

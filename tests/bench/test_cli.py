@@ -1,0 +1,107 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvagent.cli import app
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _run(*args):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_bench_fidelity_writes_three_files_and_resumes(tmp_path, jsonl_file):
+    out = tmp_path / "out"
+    args = [
+        "bench",
+        "fidelity",
+        "--model",
+        "tiny-random-qwen3",
+        "--episodes",
+        f"{jsonl_file}:first=1",
+        "--policies",
+        "random,streaming",
+        "--modes",
+        "persistent,reprefill",
+        "--budgets",
+        "96",
+        "--max-tokens",
+        "400",
+        "--protect",
+        "sink",
+        "--buffer",
+        "32",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
+    r = _run(*args)
+    assert r.exit_code == 0, r.output
+    for name in ("fidelity.json", "fidelity.md", "fidelity.png"):
+        assert (out / name).stat().st_size > 0
+    records = json.loads((out / "fidelity.json").read_text())["records"]
+    assert len(records) == 5  # full + 2 policies x 2 modes
+    assert {r["policy"] for r in records} == {"full", "random", "streaming"}
+    assert all(r["rounds"] > 0 for r in records if r["policy"] != "full")
+    assert "| random | persistent |" in (out / "fidelity.md").read_text()
+    before = (out / "fidelity.json").read_text()
+    r = _run(*args)  # everything done already: nothing is rerun
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "fidelity.json").read_text())["records"] == json.loads(before)["records"]
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (["--policies", "bogus"], "policies"),
+        (["--budgets", "abc"], "budgets"),
+        (["--budgets", "0"], "budgets"),
+        (["--modes", "sometimes"], "modes"),
+        (["--protect", "all"], "protect"),
+        (["--policies", "nexus", "--budgets", "100"], "budget"),
+        (["--episodes", "missing.jsonl"], "episodes"),
+    ],
+)
+def test_bad_values_give_one_line_and_exit_2(tmp_path, bad, field):
+    r = _run("bench", "fidelity", "--model", "tiny-random-qwen3", "--out", str(tmp_path), "--quiet", *bad)
+    assert r.exit_code == 2
+    lines = [x for x in r.output.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kvagent: error:") and field in lines[0], r.output
+
+
+@pytest.mark.slow
+def test_bench_speed_smoke(tmp_path):
+    out = tmp_path / "speed"
+    r = _run(
+        "bench",
+        "speed",
+        "--model",
+        "tiny-random-qwen3",
+        "--policies",
+        "full,random",
+        "--lengths",
+        "48,96",
+        "--budget",
+        "32",
+        "--buffer",
+        "16",
+        "--steps",
+        "16",
+        "--episode",
+        "gen:turns=10,prompt=compact",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--quiet",
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "speed.json").read_text())
+    rows = {(d["policy"], d["length"]): d for d in data["decode"]}
+    assert rows[("random", 96)]["rounds"] > 0 and rows[("random", 96)]["entries"] <= 32 + 16
+    assert rows[("full", 96)]["entries"] == 96 + 16  # full keeps everything fed
+    modes = {e["mode"]: e for e in data["episode"]}
+    assert modes["reprefill"]["prefill_tokens"] > 2 * modes["persistent"]["prefill_tokens"]
+    assert (out / "speed.png").stat().st_size > 0 and (out / "speed.md").exists()

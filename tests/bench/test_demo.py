@@ -1,0 +1,17 @@
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_on_smollm2_reduced(tmp_path, capsys):
+    from kvagent.evals.bench.demo import run_demo
+
+    records = run_demo(
+        model="smollm2", out=str(tmp_path), budget=1536, turns=10, progress=False, policies=("random",)
+    )
+    out = capsys.readouterr().out
+    assert "Fidelity vs the full cache" in out and "random" in out
+    by = {(r["policy"], r["mode"]): r for r in records}
+    assert by[("full", "persistent")]["kl"] == 0.0
+    assert by[("random", "persistent")]["rounds"] > 0
+    assert (tmp_path / "fidelity.png").exists() and (tmp_path / "fidelity.md").exists()
