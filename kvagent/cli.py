@@ -124,6 +124,19 @@ def make_cache_config(policy, budget, buffer, mode, scope, protect, window, seed
     )
 
 
+def make_agent_config(max_steps, max_new_tokens, context_limit, temperature, prompt_style, seed):
+    from kvagent.agent.config import AgentConfig
+
+    return AgentConfig(
+        max_steps=max_steps,
+        max_new_tokens=max_new_tokens,
+        context_limit=context_limit,
+        temperature=temperature,
+        prompt_style=prompt_style,
+        seed=seed,
+    )
+
+
 def read_issue(issue: str) -> str:
     """--issue takes the text itself or a path to a file holding it."""
     import os
@@ -203,12 +216,9 @@ def solve(
         cache_config=make_cache_config(
             policy, budget, buffer, mode, scope, protect, window, seed, policy_arg
         ),
-        max_steps=max_steps,
-        max_new_tokens=max_new_tokens,
-        context_limit=context_limit,
-        temperature=temperature,
-        prompt_style=prompt_style,
-        seed=seed,
+        agent_config=make_agent_config(
+            max_steps, max_new_tokens, context_limit, temperature, prompt_style, seed
+        ),
         out=out,
         device=device,
         dtype=dtype,
@@ -268,7 +278,6 @@ def eval_(
     dtype: str = OPT_DTYPE,
 ) -> None:
     """Run the agent over SWE-bench instances for each policy x mode x budget x seed."""
-    from kvagent.agent.config import AgentConfig
     from kvagent.errors import ConfigError
     from kvagent.evals.batch import run_eval
 
@@ -287,11 +296,8 @@ def eval_(
         model=model,
         cache_options={"buffer": buffer, "scope": scope, "protect": protect, "window": window},
         policy_args=per_policy_args(policy_arg),
-        agent_config=AgentConfig(
-            max_steps=max_steps,
-            max_new_tokens=max_new_tokens,
-            context_limit=context_limit,
-            temperature=temperature,
+        agent_config=make_agent_config(
+            max_steps, max_new_tokens, context_limit, temperature, "repo_first", 0
         ),
         env=env,
         repos=repos,
@@ -337,13 +343,10 @@ def chat(
         cache_config=make_cache_config(
             policy, budget, buffer, mode, scope, protect, window, seed, policy_arg
         ),
+        agent_config=make_agent_config(
+            max_steps, max_new_tokens, context_limit, temperature, prompt_style, seed
+        ),
         approval=approval,
-        max_steps=max_steps,
-        max_new_tokens=max_new_tokens,
-        context_limit=context_limit,
-        temperature=temperature,
-        prompt_style=prompt_style,
-        seed=seed,
         device=device,
         dtype=dtype,
     )

@@ -463,13 +463,8 @@ def run_chat(
     repo: str,
     model: str,
     cache_config: Any,
+    agent_config: AgentConfig,
     approval: str = "confirm",
-    max_steps: int = 100,
-    max_new_tokens: int = 8192,
-    context_limit: int = 65_536,
-    temperature: float = 1.0,
-    prompt_style: str = "repo_first",
-    seed: int = 0,
     device: str = "auto",
     dtype: str = "auto",
     console: Console | None = None,
@@ -482,19 +477,12 @@ def run_chat(
     if approval not in APPROVALS:
         raise ConfigError(f"approval: got {approval!r}; choose one of {', '.join(APPROVALS)}")
     spec = sandbox_spec(repo, None)
-    config = AgentConfig(
-        max_steps=max_steps,
-        max_new_tokens=max_new_tokens,
-        context_limit=context_limit,
-        temperature=temperature,
-        prompt_style=prompt_style,
-        seed=seed,
-    )
+    config = agent_config
     console = console or Console()
     console.print(Text(f"loading model {model} ...", style="dim"))
     engine = Engine.load(model, device=device, dtype=dtype)
     session = engine.session(cache_config)
-    check_prompt_fits(engine.tokenizer, cache_config, prompt_style)
+    check_prompt_fits(engine.tokenizer, cache_config, config.prompt_style)
     with open_sandbox(**spec) as sandbox:
         console.print(
             Text(

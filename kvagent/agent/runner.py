@@ -33,12 +33,7 @@ def run_solve(
     image: str | None,
     model: str,
     cache_config: Any,
-    max_steps: int = 100,
-    max_new_tokens: int = 8192,
-    context_limit: int = 65_536,
-    temperature: float = 1.0,
-    prompt_style: str = "repo_first",
-    seed: int = 0,
+    agent_config: AgentConfig,
     out: str | None = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -50,22 +45,14 @@ def run_solve(
 
     console = console or Console(stderr=True)
     spec = sandbox_spec(repo, image)
-    agent_config = AgentConfig(
-        max_steps=max_steps,
-        max_new_tokens=max_new_tokens,
-        context_limit=context_limit,
-        temperature=temperature,
-        prompt_style=prompt_style,
-        seed=seed,
-    )
     out_dir = Path(out or f"runs/solve-{time.strftime('%Y%m%d-%H%M%S')}")
     console.print(f"loading model {model} ...")
     engine = Engine.load(model, device=device, dtype=dtype)
     engine.session(cache_config)  # fail on a bad budget for this model before opening a sandbox
-    check_prompt_fits(engine.tokenizer, cache_config, prompt_style, issue_text)
+    check_prompt_fits(engine.tokenizer, cache_config, agent_config.prompt_style, issue_text)
     out_dir.mkdir(parents=True, exist_ok=True)
     trajectory = out_dir / "episode.traj.json"
-    progress = EpisodeProgress(console, cache_config.budget, cache_config.buffer, max_steps)
+    progress = EpisodeProgress(console, cache_config.budget, cache_config.buffer, agent_config.max_steps)
     with open_sandbox(**spec) as sandbox, progress:
         result = solve_episode(
             engine,
