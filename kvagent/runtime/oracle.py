@@ -46,6 +46,17 @@ def trace(session):
         session._forward = original
 
 
+def random_episode(session, vocab: int, seed: int = 0, turns: int = 4) -> None:
+    """A multi-turn episode of random tokens: a prompt, then decode runs (`step`) alternating with
+    observation chunks (`append`), the shapes an agent episode has."""
+    g = torch.Generator().manual_seed(seed)
+    session.append(torch.randint(0, vocab, (24,), generator=g).tolist(), all_logits=True)
+    for t in range(turns):
+        for tok in torch.randint(0, vocab, (15 + 5 * t,), generator=g).tolist():
+            session.step(tok)
+        session.append(torch.randint(0, vocab, (30 + 17 * t,), generator=g).tolist(), all_logits=True)
+
+
 def visibility_masks(records: list[ForwardRecord], n_layers: int, n_kv_heads: int) -> list[torch.Tensor]:
     """Per layer (H_kv, T, T): may the token at row p attend the key at column j."""
     total = records[-1].start + len(records[-1].ids)

@@ -2,11 +2,10 @@
 attention with exactly the evicted (layer, head, position) entries masked out."""
 
 import pytest
-import torch
 
 from kvagent.runtime import CacheConfig
 from kvagent.runtime.audit import analyse
-from kvagent.runtime.oracle import check_session_against_oracle, trace
+from kvagent.runtime.oracle import check_session_against_oracle, random_episode, trace
 
 TOL = 1e-4
 
@@ -22,15 +21,6 @@ CASES = {
 }
 
 
-def _episode(session, seed=0, turns=3):
-    g = torch.Generator().manual_seed(seed)
-    session.append(torch.randint(0, 512, (24,), generator=g).tolist(), all_logits=True)
-    for t in range(turns):
-        for tok in torch.randint(0, 512, (15 + 5 * t,), generator=g).tolist():
-            session.step(tok)
-        session.append(torch.randint(0, 512, (30 + 17 * t,), generator=g).tolist(), all_logits=True)
-
-
 @pytest.mark.parametrize("protect", ["sink", "prompt"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_policy_matches_masked_full_attention(tiny_qwen3_engine, case, protect):
@@ -40,7 +30,7 @@ def test_policy_matches_masked_full_attention(tiny_qwen3_engine, case, protect):
     )
     session = tiny_qwen3_engine.session(cfg)
     with trace(session) as records:
-        _episode(session)
+        random_episode(session, vocab=512, turns=3)
     assert session.stats.rounds > 2, "the episode must actually evict"
     assert check_session_against_oracle(session, records) < TOL
     kept = session.kept_positions()

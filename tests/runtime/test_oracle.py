@@ -2,22 +2,11 @@
 evicted (layer, head, position) entries masked out."""
 
 import pytest
-import torch
 
 from kvagent.runtime import CacheConfig
-from kvagent.runtime.oracle import check_session_against_oracle, trace
+from kvagent.runtime.oracle import check_session_against_oracle, random_episode, trace
 
 TOL = 1e-4
-
-
-def run_episode(session, seed=0, turns=4):
-    """A multi-turn episode: a prompt, then decode runs (step) and observation chunks (append)."""
-    g = torch.Generator().manual_seed(seed)
-    session.append(torch.randint(0, 512, (24,), generator=g).tolist(), all_logits=True)
-    for t in range(turns):
-        for tok in torch.randint(0, 512, (15 + 5 * t,), generator=g).tolist():
-            session.step(tok)
-        session.append(torch.randint(0, 512, (30 + 17 * t,), generator=g).tolist(), all_logits=True)
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
@@ -28,7 +17,7 @@ def test_random_eviction_matches_masked_full_attention(tiny_engines, kind, scope
     cfg = CacheConfig(policy="random", budget=budget, buffer=16, scope=scope, protect="sink", seed=3)
     session = engine.session(cfg)
     with trace(session) as records:
-        run_episode(session)
+        random_episode(session, vocab=512, turns=4)
     assert session.stats.rounds > 2, "the episode must actually evict"
     assert check_session_against_oracle(session, records) < TOL
 
@@ -48,6 +37,6 @@ def test_oracle_detects_a_wrong_cache(qwen3_engine):
 def test_dense_session_matches_plain_forward(qwen3_engine):
     session = qwen3_engine.session(CacheConfig())
     with trace(session) as records:
-        run_episode(session, turns=2)
+        random_episode(session, vocab=512, turns=2)
     assert session.stats.rounds == 0
     assert check_session_against_oracle(session, records) < TOL

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import torch
-
 from kvagent.runtime.policies._args import float_arg, int_arg, reject_unknown
-from kvagent.runtime.policies._keep import rank_first
-from kvagent.runtime.policies.base import BasePolicy, LayerView, register
-from kvagent.runtime.policies.snapkv import check_snapkv_args, snapkv_scores, window_mask
+from kvagent.runtime.policies.base import register
+from kvagent.runtime.policies.snapkv import SnapKVPolicy, check_snapkv_args
 
 
 @register
-class PyramidKVPolicy(BasePolicy):
+class PyramidKVPolicy(SnapKVPolicy):
     """PyramidKV (Cai et al., 2024, "PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling").
 
     Lower layers attend broadly, upper layers narrowly, so budgets form an arithmetic sequence
@@ -46,12 +43,6 @@ class PyramidKVPolicy(BasePolicy):
         for i in range(rem):
             out[i] += 1
         return out
-
-    def scores(self, view: LayerView) -> torch.Tensor:
-        s = snapkv_scores(view, self.kernel)
-        if self.keep_window:
-            s = rank_first(s, window_mask(view))
-        return s
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(beta={self.beta}, min_budget={self.min_budget}, kernel={self.kernel})"
