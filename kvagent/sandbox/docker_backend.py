@@ -25,7 +25,6 @@ from pathlib import Path
 from kvagent.sandbox.base import (
     BASE_ENV,
     DEFAULT_MAX_OUTPUT,
-    TOOL_NAMES,
     TOOLS_SRC,
     Result,
     Sandbox,
@@ -190,7 +189,8 @@ class DockerSandbox(Sandbox):
             ) from e
 
     def _provision(self, src: Path | None) -> None:
-        tools = {f"{self.tools_dir[1:]}/{n}.py": (TOOLS_SRC / f"{n}.py").read_bytes() for n in TOOL_NAMES}
+        # every script of TOOLS_SRC, like the local backend: the tools import _toolkit.py from their directory
+        tools = {f"{self.tools_dir[1:]}/{f.name}": f.read_bytes() for f in sorted(TOOLS_SRC.glob("*.py"))}
         self._put("/", _tar(tools, dirs=(KV_DIR[1:], self.tools_dir[1:], self.state_dir[1:])))
         if src is not None:
             self._copy_in(src)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
 
@@ -214,22 +213,27 @@ def test_bad_tool_name_and_params(local_sb):
         local_sb.run_tool(FE, {"command": "insert", "insert_line": 3})
 
 
-@pytest.mark.parametrize("name", TOOL_NAMES)
+STDLIB_USED = {"ast", "contextlib", "json", "os", "re", "shlex", "signal", "subprocess", "sys", "threading"}
+
+
+@pytest.mark.parametrize("name", [*TOOL_NAMES, "_toolkit"])
 def test_tool_scripts_are_python37_stdlib(name):
     src = (TOOLS_SRC / f"{name}.py").read_text()
     ast.parse(src, feature_version=(3, 7))  # no walrus, match, etc.
     imported = set(re.findall(r"^(?:import|from) (\w+)", src, re.MULTILINE))
-    assert imported <= {
-        "ast",
-        "contextlib",
-        "json",
-        "os",
-        "re",
-        "shlex",
-        "signal",
-        "subprocess",
-        "sys",
-        "threading",
-    }
+    # the scripts may also import the shared helper module that both backends install beside them
+    assert imported <= (STDLIB_USED if name == "_toolkit" else STDLIB_USED | {"_toolkit"})
     assert "removeprefix" not in src and "shlex.join" not in src
-    assert Path(TOOLS_SRC / f"{name}.py").exists()
+
+
+def installed_tools(sb) -> list[str]:
+    return sb.run(f"cd {sb.tools_dir} && ls *.py", timeout=60).output.split()
+
+
+def test_local_installs_the_helper_module(local_sb):
+    assert installed_tools(local_sb) == sorted([*(f"{n}.py" for n in TOOL_NAMES), "_toolkit.py"])
+
+
+@pytest.mark.slow
+def test_docker_installs_what_local_does(local_sb, docker_sb):
+    assert installed_tools(docker_sb) == installed_tools(local_sb)

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """execute_bash: run one shell command in the repository and report its exit code and output.
 
-Standalone, stdlib only, python >= 3.7. Parameters: `cmd` (via --params-file FILE or --cmd X).
+Stdlib only (plus _toolkit.py beside it), python >= 3.7. Parameters: `cmd` (via
+--params-file FILE or --cmd X).
 Interactive or never-ending programs are refused (there is no terminal). The command is killed,
 with its whole process group, after $KVAGENT_TOOL_TIMEOUT seconds (default 90).
 """
 
 import contextlib
-import json
 import os
 import re
 import shlex
@@ -15,6 +15,9 @@ import signal
 import subprocess
 import sys
 import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even under PYTHONSAFEPATH / -P
+from _toolkit import ERRORS, emit, fail, load_params  # noqa: E402
 
 MAX_STREAM_BYTES = 100000  # per stream; the rest is read and dropped
 DEFAULT_TIMEOUT = 90.0
@@ -25,36 +28,6 @@ INTERACTIVE = {
     "jupyter",
 }  # fmt: skip
 REPLS = {"python", "python2", "python3", "bash", "sh", "zsh", "node", "irb", "sqlite3", "mysql", "psql"}
-
-
-class ToolError(Exception):
-    pass
-
-
-def load_params(argv):
-    params = {}
-    i = 0
-    while i < len(argv):
-        key = argv[i]
-        if not key.startswith("--") or i + 1 >= len(argv):
-            raise ToolError("bad arguments; use --params-file FILE or --key value pairs")
-        params[key[2:]] = argv[i + 1]
-        i += 2
-    blob = os.environ.pop("KVAGENT_TOOL_PARAMS", None)  # popped: commands must not inherit it
-    if blob is not None:
-        params.update(json.loads(blob))
-    pfile = params.pop("params-file", None)
-    if pfile is not None:
-        with open(pfile, encoding="utf-8") as f:
-            params.update(json.load(f))
-        with contextlib.suppress(OSError):
-            os.remove(pfile)
-    return params
-
-
-def emit(text):
-    sys.stdout.buffer.write(text.encode("utf-8", "replace"))
-    sys.stdout.buffer.flush()
 
 
 def refusal(cmd):
@@ -108,13 +81,11 @@ class Capped(threading.Thread):
 def main():
     try:
         params = load_params(sys.argv[1:])
-    except (ToolError, OSError, ValueError) as e:
-        emit(f"ERROR: {e}\n")
-        return 1
+    except ERRORS as e:
+        return fail(e)
     cmd = str(params.get("cmd", params.get("command", ""))).strip()
     if not cmd:
-        emit("ERROR: the cmd parameter is required (the shell command to run)\n")
-        return 1
+        return fail("the cmd parameter is required (the shell command to run)")
     why = refusal(cmd)
     if why:
         emit(

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """file_editor: view, create, str_replace, insert and undo_edit files inside the sandbox.
 
-Standalone, stdlib only, python >= 3.7 (old task images). Parameters come from
+Stdlib only (plus _toolkit.py beside it), python >= 3.7 (old task images). Parameters come from
 `--params-file FILE` (JSON object of strings) or `--key value` pairs. Edit history for undo_edit
 is kept in $KVAGENT_STATE_DIR so it survives between calls. Errors: `ERROR: ...` and exit 1.
 """
 
 import ast
-import contextlib
 import json
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even under PYTHONSAFEPATH / -P
+from _toolkit import ToolError, emit, run_tool  # noqa: E402
 
 MAX_CHARS = 10000  # observation cap; the model is told to narrow with view_range or grep -n
 SNIPPET_CONTEXT = 4  # lines shown around an edit
@@ -20,36 +22,6 @@ CLIPPED = (
     "or search/grep -n to find the line numbers you need.</NOTE>"
 )
 COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
-
-
-class ToolError(Exception):
-    pass
-
-
-def load_params(argv):
-    params = {}
-    i = 0
-    while i < len(argv):
-        key = argv[i]
-        if not key.startswith("--") or i + 1 >= len(argv):
-            raise ToolError("bad arguments; use --params-file FILE or --key value pairs")
-        params[key[2:]] = argv[i + 1]
-        i += 2
-    blob = os.environ.pop("KVAGENT_TOOL_PARAMS", None)  # popped: commands must not inherit it
-    if blob is not None:
-        params.update(json.loads(blob))
-    pfile = params.pop("params-file", None)
-    if pfile is not None:
-        with open(pfile, encoding="utf-8") as f:
-            params.update(json.load(f))
-        with contextlib.suppress(OSError):
-            os.remove(pfile)
-    return params
-
-
-def emit(text):
-    sys.stdout.buffer.write(text.encode("utf-8", "replace"))
-    sys.stdout.buffer.flush()
 
 
 def clip(text):
@@ -320,14 +292,7 @@ def run(p):
 
 
 def main():
-    try:
-        emit(run(load_params(sys.argv[1:])))
-        return 0
-    except ToolError as e:
-        emit(f"ERROR: {e}\n")
-    except (OSError, UnicodeError) as e:
-        emit(f"ERROR: {e}\n")
-    return 1
+    return run_tool(lambda params: emit(run(params)), errors=(ToolError, OSError, UnicodeError))
 
 
 if __name__ == "__main__":

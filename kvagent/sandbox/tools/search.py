@@ -1,48 +1,19 @@
 #!/usr/bin/env python3
 """search: find a literal term in a file (matching lines) or a directory (matching files).
 
-Standalone, stdlib only, python >= 3.7. Parameters: `search_term`, `path` (default `.`).
-Hidden files and directories are skipped, as are binary files.
+Stdlib only (plus _toolkit.py beside it), python >= 3.7. Parameters: `search_term`, `path`
+(default `.`). Hidden files and directories are skipped, as are binary files.
 """
 
-import contextlib
-import json
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # even under PYTHONSAFEPATH / -P
+from _toolkit import ToolError, emit, run_tool  # noqa: E402
 
 MAX_FILES = 100
 MAX_LINES = 200
 MAX_LINE_CHARS = 300
-
-
-class ToolError(Exception):
-    pass
-
-
-def load_params(argv):
-    params = {}
-    i = 0
-    while i < len(argv):
-        key = argv[i]
-        if not key.startswith("--") or i + 1 >= len(argv):
-            raise ToolError("bad arguments; use --params-file FILE or --key value pairs")
-        params[key[2:]] = argv[i + 1]
-        i += 2
-    blob = os.environ.pop("KVAGENT_TOOL_PARAMS", None)  # popped: commands must not inherit it
-    if blob is not None:
-        params.update(json.loads(blob))
-    pfile = params.pop("params-file", None)
-    if pfile is not None:
-        with open(pfile, encoding="utf-8") as f:
-            params.update(json.load(f))
-        with contextlib.suppress(OSError):
-            os.remove(pfile)
-    return params
-
-
-def emit(text):
-    sys.stdout.buffer.write(text.encode("utf-8", "replace"))
-    sys.stdout.buffer.flush()
 
 
 def file_lines(path):
@@ -97,20 +68,18 @@ def search_file(term, path):
     return f'Matches for "{term}" in {path}:\n{body}\nEnd of matches for "{term}" in {path}\n'
 
 
+def search(params):
+    term = params.get("search_term", "")
+    if not term:
+        raise ToolError("the search_term parameter is required")
+    path = str(params.get("path", "") or ".").strip()
+    if not os.path.exists(path):
+        raise ToolError(f"the path {path} does not exist")
+    emit(search_dir(term, path) if os.path.isdir(path) else search_file(term, path))
+
+
 def main():
-    try:
-        params = load_params(sys.argv[1:])
-        term = params.get("search_term", "")
-        if not term:
-            raise ToolError("the search_term parameter is required")
-        path = str(params.get("path", "") or ".").strip()
-        if not os.path.exists(path):
-            raise ToolError(f"the path {path} does not exist")
-        emit(search_dir(term, path) if os.path.isdir(path) else search_file(term, path))
-        return 0
-    except (ToolError, OSError, ValueError) as e:
-        emit(f"ERROR: {e}\n")
-        return 1
+    return run_tool(search)
 
 
 if __name__ == "__main__":
