@@ -368,10 +368,13 @@ def grade(
     from kvagent.evals.grading import grade_predictions
 
     if harness == "official":
-        raise ConfigError(
-            "harness: the official swebench harness pulls images from Docker Hub; run "
-            "`python -m swebench.harness.run_evaluation --predictions_path FILE ...` where it is reachable"
-        )
+        from kvagent.errors import KvagentError
+        from kvagent.evals.grading import run_official_harness
+
+        rc = run_official_harness(predictions, dataset, instances, out, split=split, timeout=timeout)
+        if rc:
+            raise KvagentError(f"the swebench harness exited with {rc}; its logs are under {out}")
+        return
     if harness != "kvagent":
         raise ConfigError(f"harness: got {harness!r}; choose kvagent or official")
     report_ = grade_predictions(

@@ -213,3 +213,24 @@ def test_load_predictions_formats(tmp_path):
     js.write_text(json.dumps([{"instance_id": "a__b-1"}]))
     with pytest.raises(KvagentError, match="lacks field 'model_patch'"):
         load_predictions(js)
+
+
+def test_official_harness_command_names_everything_the_harness_needs(tmp_path):
+    from kvagent.evals.grading import official_harness_command
+
+    cmd = official_harness_command(
+        "preds.jsonl", "princeton-nlp/SWE-bench_Lite", ["a__b-1", "c__d-2"], tmp_path, timeout=600
+    )
+    assert cmd[1:3] == ["-m", "swebench.harness.run_evaluation"]
+    args = dict(zip(cmd[3::2], cmd[4::2], strict=False))
+    assert args["--dataset_name"] == "princeton-nlp/SWE-bench_Lite"
+    assert args["--predictions_path"] == "preds.jsonl" and args["--timeout"] == "600"
+    assert cmd[-3:] == ["--instance_ids", "a__b-1", "c__d-2"]
+
+
+def test_official_harness_rejects_a_missing_predictions_file(tmp_path):
+    from kvagent.errors import KvagentError
+    from kvagent.evals.grading import run_official_harness
+
+    with pytest.raises(KvagentError, match="predictions file .* not found"):
+        run_official_harness(str(tmp_path / "nope.jsonl"), "x.jsonl", None, tmp_path)
