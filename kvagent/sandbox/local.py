@@ -75,6 +75,10 @@ class LocalSandbox(Sandbox):
             return argv
         # Order matters: later mounts go on top, so the sandbox dir is bound over the private /tmp.
         wrap = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        for path in _interpreter_paths_under_tmp():
+            # The private /tmp would hide a Python (e.g. a venv in a checkout under /tmp) that the
+            # tools and the user's commands run with; show it again, read-only.
+            wrap += ["--ro-bind", path, path]
         wrap += ["--bind", self.root, self.root, "--unshare-pid", "--unshare-ipc", "--die-with-parent"]
         if not self.network:
             wrap.append("--unshare-net")
@@ -156,3 +160,13 @@ class LocalSandbox(Sandbox):
 
     def _close(self) -> None:
         _rmtree(self.root)
+
+
+def _interpreter_paths_under_tmp() -> list[str]:
+    """Directories of this Python (prefix, base prefix, the real executable's) that lie in /tmp."""
+    candidates = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    out = []
+    for path in sorted(os.path.realpath(p) for p in candidates):
+        if (path == "/tmp" or path.startswith("/tmp/")) and not any(path.startswith(o + "/") for o in out):
+            out.append(path)
+    return out
