@@ -135,3 +135,26 @@ def test_local_unisolated_fallback_runs(repo):
 def test_bad_arguments_give_clear_errors(kwargs, match):
     with pytest.raises(SandboxError, match=match):
         open_sandbox(**kwargs)
+
+
+def test_local_sees_a_python_that_lives_under_tmp(repo, monkeypatch):
+    """A checkout (and its venv) under /tmp must stay usable although bwrap gives a private /tmp."""
+    import shutil
+    import sys
+    import tempfile
+
+    if not shutil.which("bwrap"):
+        pytest.fail("bwrap missing: install bubblewrap (scripts/services.sh does)")
+    fake_prefix = tempfile.mkdtemp(prefix="kvagent-fake-venv-", dir="/tmp")
+    try:
+        tool = Path(fake_prefix) / "bin" / "hello"
+        tool.parent.mkdir()
+        tool.write_text("#!/bin/sh\necho hello from the venv\n")
+        tool.chmod(0o755)
+        monkeypatch.setattr(sys, "prefix", fake_prefix)
+        with open_sandbox("local", repo=repo, isolation="bwrap") as sb:
+            res = sb.run(str(tool), timeout=30)
+            assert (res.exit_code, res.output.strip()) == (0, "hello from the venv")
+            assert sb.run(f"touch {fake_prefix}/x", timeout=30).exit_code != 0  # still read-only
+    finally:
+        shutil.rmtree(fake_prefix, ignore_errors=True)
