@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from kvagent.evals._io import atomic_write_bytes
 from kvagent.evals.bench.tables import fidelity_rows
+from kvagent.fileio import atomic_write_bytes
 
 METRICS = (
     ("kl", "mean KL(full‖policy)"),
     ("top1", "top-1 agreement"),
     ("retrieval", "planted fact retrieved"),
+    ("probe_logp", "log p(planted fact)"),
 )
 MODES = ("persistent", "reprefill")
 
@@ -43,15 +44,23 @@ def plot_fidelity(records: list[dict], path: str | Path) -> Path:
                     continue
                 label = r["policy"] if len(variants) <= 1 else f"{r['policy']} ({r['scope']}, {r['protect']})"
                 lines.setdefault(label, []).append((r["budget"], r[metric]))
-            for label, pts in sorted(lines.items()):
-                pts.sort(key=lambda p: p[0])
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+            budgets = sorted({p[0] for pts in lines.values() for p in pts})
+            if len(budgets) == 1:
+                # One budget: a line plot would be isolated dots; compare the policies as bars.
+                labels = sorted(lines)
+                ax.bar(range(len(labels)), [lines[k][0][1] for k in labels], color="tab:blue")
+                ax.set_xticks(range(len(labels)), labels, fontsize=8)
+                ax.set_xlabel(f"policy at K={budgets[0]}")
+            else:
+                for label, pts in sorted(lines.items()):
+                    pts.sort(key=lambda p: p[0])
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+                ax.set_xlabel("budget K (entries per head)")
             if full is not None and full[metric] is not None:
                 ax.axhline(full[metric], color="grey", linestyle="--", linewidth=1, label="full")
             ax.set_title(f"{title} — {mode}", fontsize=9)
-            ax.set_xlabel("budget K (entries per head)")
             ax.grid(alpha=0.3)
-            if lines:
+            if lines and len(budgets) > 1 or full is not None:
                 ax.legend(fontsize=7)
     fig.tight_layout()
     out = _save(fig, Path(path))
