@@ -149,7 +149,8 @@ def speed_markdown(lat: list[dict], episode: list[dict], meta: dict) -> str:
         lines += [
             "",
             f"Persistent vs reprefill on a {episode[0]['turns']}-turn episode "
-            f"({episode[0]['tokens']} tokens, policy {episode[0]['policy']}):",
+            f"({episode[0]['tokens']} tokens, policy {episode[0]['policy']}, K={episode[0]['budget']}: "
+            "raised above the protected prompt when needed):",
             "",
             "| mode | prefill tokens | decode tokens | rounds | wall s | KV MiB |",
             "|---|---|---|---|---|---|",
