@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +46,18 @@ def append_jsonl(path: str | os.PathLike[str], record: Any) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
+    """(line number, record) for each non-blank line; a bad line is a one-line KvagentError."""
+    from kvagent.errors import KvagentError
+
+    path = Path(path)
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise KvagentError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvagent.errors import KvagentError
+from kvagent.fileio import read_jsonl
 
 # Fields every loaded instance must have: an agent run needs the first four, grading the last three.
 REQUIRED_FIELDS: tuple[str, ...] = (
@@ -168,16 +169,7 @@ def load_records(source: str | Path, *, split: str = "test") -> list[dict[str, A
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    records = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise KvagentError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-    return records
+    return [rec for _, rec in read_jsonl(path)]
 
 
 def _read_json(path: Path) -> list[dict[str, Any]]:

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from kvagent.errors import KvagentError
-from kvagent.evals._io import atomic_write_json, atomic_write_text
 from kvagent.evals.datasets import Instance, load_instances, select_instances
 from kvagent.evals.images import docker_client, image_for, instance_image_tag, repo_test_command
+from kvagent.fileio import atomic_write_json, atomic_write_text
 
 WORKDIR = "/testbed"
 SCRATCH = "/tmp/kvagent-grade"

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from kvagent.errors import KvagentError
-from kvagent.evals._io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from kvagent.evals.stats import _budget_key, budget_label, load_runs, summarize
+from kvagent.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 
 def _pct(x: float | None) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from kvagent.errors import KvagentError
+from kvagent.fileio import read_jsonl
 
 RUN_FIELDS = ("instance_id", "policy", "mode", "budget", "seed", "resolved")
 COST_FIELDS = ("steps", "tokens", "evictions", "kv_bytes")
@@ -54,21 +55,13 @@ def load_runs(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise KvagentError(f"no runs file at {path}; run `kvagent eval` first")
     runs = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                # A torn last line (killed writer) should not hide every finished run.
-                raise KvagentError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise KvagentError(f"{path}:{lineno}: expected a JSON object")
-            for name in RUN_FIELDS:
-                if name not in rec:
-                    raise KvagentError(f"{path}:{lineno}: run record lacks field {name!r}")
-            runs.append(rec)
+    for lineno, rec in read_jsonl(path):
+        if not isinstance(rec, dict):
+            raise KvagentError(f"{path}:{lineno}: expected a JSON object")
+        for name in RUN_FIELDS:
+            if name not in rec:
+                raise KvagentError(f"{path}:{lineno}: run record lacks field {name!r}")
+        runs.append(rec)
     return runs
 
 

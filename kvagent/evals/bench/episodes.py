@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvagent.errors import ConfigError, KvagentError
+from kvagent.fileio import read_jsonl
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -135,24 +136,14 @@ def load_jsonl_episodes(
     if not path.is_file():
         raise ConfigError(f"episodes: {path} does not exist")
     out: list[Episode] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"episodes: {path}:{lineno} is not valid JSON ({e.msg})") from None
-            rid = str(rec.get("id", f"{path.stem}-{lineno}"))
-            if ids and rid not in ids:
-                continue
-            out.append(
-                from_messages(
-                    rid, rec.get("messages") or [], plant=plant, meta={"source": f"{path}:{lineno}"}
-                )
-            )
-            if first is not None and len(out) >= first:
-                break
+    for lineno, rec in read_jsonl(path):
+        rid = str(rec.get("id", f"{path.stem}-{lineno}"))
+        if ids and rid not in ids:
+            continue
+        meta = {"source": f"{path}:{lineno}"}
+        out.append(from_messages(rid, rec.get("messages") or [], plant=plant, meta=meta))
+        if first is not None and len(out) >= first:
+            break
     if not out:
         raise ConfigError(f"episodes: no matching records in {path}")
     return out

@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvagent.errors import ConfigError
-from kvagent.evals._io import atomic_write_json, atomic_write_text
 from kvagent.evals.bench import replay as rp
 from kvagent.evals.bench.stream import Stream
+from kvagent.fileio import atomic_write_json, atomic_write_text
 from kvagent.runtime.config import MODES, PROTECT, SCOPES, CacheConfig
 
 RESULTS = "fidelity.json"

@@ -210,10 +210,10 @@ def plot_speed(lat: list[dict], path: Path) -> Path:
 def speed_command(model, policies, lengths, budget, buffer, steps, episode, device, out, quiet) -> dict:
     import datetime
 
-    from kvagent.evals._io import atomic_write_json, atomic_write_text
     from kvagent.evals.bench.cli_support import load_engine
     from kvagent.evals.bench.fidelity import split_list
     from kvagent.evals.bench.progress import Progress
+    from kvagent.fileio import atomic_write_json, atomic_write_text
     from kvagent.runtime.policies import available
 
     pols = split_list(policies, "policies")
