@@ -61,3 +61,12 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
                 raise KvagentError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+
+
+def cache_dir() -> Path:
+    """Where kvagent keeps what it builds once (converted models, rootfs tarballs, sdists):
+    $KVAGENT_CACHE, else $XDG_CACHE_HOME/kvagent, else ~/.cache/kvagent."""
+    if os.environ.get("KVAGENT_CACHE"):
+        return Path(os.environ["KVAGENT_CACHE"])
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "kvagent"

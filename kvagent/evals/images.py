@@ -39,6 +39,7 @@ from typing import Any
 
 from kvagent.errors import KvagentError
 from kvagent.evals.datasets import Instance
+from kvagent.fileio import cache_dir
 
 BASE_TAG = "kvagent/base:bookworm"
 # The swebench harness's pytest command for flask, marshmallow, pydicom and most pytest repos
@@ -229,11 +230,6 @@ def image_for(instance: Instance | str, client: Any = None) -> str:
 
 
 # ------------------------------------------------------------------------------------------- the build
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("KVAGENT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kvagent")
-    return Path(root)
 
 
 def ensure_base_image(tag: str = BASE_TAG, client: Any = None, log: Log = _quiet) -> str:

@@ -18,16 +18,11 @@ from typing import Any
 import torch
 
 from kvagent.errors import KvagentError
+from kvagent.fileio import cache_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_MODELS = ("tiny-random-qwen3", "tiny-random-llama")
 BUNDLED = ("smollm2", *TINY_MODELS)
-
-
-def cache_dir() -> Path:
-    """Where converted models live; KVAGENT_CACHE overrides ~/.cache/kvagent."""
-    root = os.environ.get("KVAGENT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kvagent")
-    return Path(root)
 
 
 def _package_dir(package: str, install_hint: str) -> Path:

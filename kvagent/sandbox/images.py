@@ -15,22 +15,18 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from kvagent.fileio import cache_dir
 from kvagent.sandbox.errors import SandboxError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TAG = "kvagent/base:bookworm"
-FALLBACK_MIRROR = ""
 PACKAGES = ("python3", "git", "patch")
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "kvagent"
-
-
-def apt_mirror(suite: str = "bookworm", apt_dir: str | Path = "/etc/apt") -> str:
-    """The Debian mirror apt is configured with (deb822 `.sources` or one-line `.list` files)."""
+def apt_mirror(suite: str = "bookworm", apt_dir: str | Path = "/etc/apt") -> str | None:
+    """The Debian mirror apt is configured with (deb822 `.sources` or one-line `.list` files);
+    None when apt names none, and debootstrap then uses its own default."""
     apt_dir = Path(apt_dir)
     files = [apt_dir / "sources.list"]
     d = apt_dir / "sources.list.d"
@@ -66,7 +62,7 @@ def apt_mirror(suite: str = "bookworm", apt_dir: str | Path = "/etc/apt") -> str
     for uri, _ in candidates:
         if "security" not in uri and uri.startswith(("http://", "https://", "file:")):
             return uri.rstrip("/")
-    return FALLBACK_MIRROR
+    return None
 
 
 def _client():
@@ -103,9 +99,9 @@ def _rootfs_tarball(suite: str, force: bool) -> Path:
             "--include=" + ",".join(PACKAGES),
             suite,
             str(root),
-            mirror,
+            *([mirror] if mirror else []),
         ]
-        log.info("debootstrap %s from %s (about a minute)", suite, mirror)
+        log.info("debootstrap %s from %s (about a minute)", suite, mirror or "its default mirror")
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
             tail = (p.stdout + p.stderr).strip().splitlines()[-3:]

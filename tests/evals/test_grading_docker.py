@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from kvagent.errors import KvagentError
 from kvagent.evals.datasets import load_instances
 from kvagent.evals.grading import grade_instance, grade_predictions
 from kvagent.evals.images import BASE_TAG, build_instance_image, docker_client
+from kvagent.sandbox.images import ensure_base_image
 
 pytestmark = pytest.mark.slow
 
@@ -45,49 +44,9 @@ def client():
         pytest.skip(str(e))
 
 
-def _build_base_locally(tag: str) -> None:
-    """Stand-in for kvagent.sandbox.images.build_base_image while that is not available:
-    debootstrap minbase with python3, git and patch, then `docker import`."""
-    if shutil.which("debootstrap") is None or os.geteuid() != 0:
-        pytest.fail(f"base image {tag} missing and debootstrap (as root) is unavailable to build it")
-    root = Path(os.environ.get("TMPDIR", "/tmp")) / "kvagent-test-rootfs"
-    shutil.rmtree(root, ignore_errors=True)
-    try:
-        subprocess.run(
-            [
-                "debootstrap",
-                "--variant=minbase",
-                "--include=python3,git,patch",
-                "bookworm",
-                str(root),
-                "",
-            ],
-            check=True,
-            capture_output=True,
-        )
-        tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
-        subprocess.run(
-            ["docker", "import", "-c", 'CMD ["/bin/bash"]', "-", tag],
-            stdin=tar.stdout,
-            check=True,
-            capture_output=True,
-        )
-        tar.wait()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def image(client):
-    try:
-        client.images.get(BASE_TAG)
-    except Exception:
-        try:
-            from kvagent.sandbox.images import build_base_image
-        except ImportError:
-            _build_base_locally(BASE_TAG)
-        else:
-            build_base_image(tag=BASE_TAG)
+    ensure_base_image(BASE_TAG)
     return build_instance_image(IID, client=client)
 
 
