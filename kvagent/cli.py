@@ -10,6 +10,8 @@ from typing import Any
 
 import typer
 
+from kvagent.options import parse_budget, parse_budgets, split_list
+
 app = typer.Typer(
     name="kvagent",
     help="Coding agents over one live, evictable KV cache: solve, evaluate and benchmark eviction policies.",
@@ -70,24 +72,6 @@ def demo(
 
 
 DEFAULT_MODEL = "agentica-org/DeepSWE-Preview"
-
-
-def parse_budget(text: str | None) -> int | float | None:
-    """`1024` tokens, `0.2` of the logical length, or `none`."""
-    from kvagent.errors import ConfigError
-
-    if text is None or text.lower() in ("none", "dense", ""):
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        raise ConfigError(
-            f"budget: {text!r} is not a number; pass tokens (1024) or a fraction (0.2)"
-        ) from None
 
 
 def parse_policy_args(items: list[str] | None) -> dict[str, Any]:
@@ -225,15 +209,6 @@ def solve(
     )
 
 
-def split_list(text: str, what: str) -> list[str]:
-    from kvagent.errors import ConfigError
-
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    if not items:
-        raise ConfigError(f"{what}: empty list; pass comma-separated values")
-    return items
-
-
 def per_policy_args(items: list[str] | None) -> dict[str, dict[str, Any]]:
     """`nexus.lam=0.5` -> {"nexus": {"lam": 0.5}}."""
     from kvagent.errors import ConfigError
@@ -291,7 +266,7 @@ def eval_(
         instances=instances,
         policies=split_list(policies, "policies"),
         modes=split_list(modes, "modes"),
-        budgets=[parse_budget(b) for b in split_list(budgets, "budgets")],
+        budgets=parse_budgets(budgets),
         seeds=seed_list,
         model=model,
         cache_options={"buffer": buffer, "scope": scope, "protect": protect, "window": window},

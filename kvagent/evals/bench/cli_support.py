@@ -24,8 +24,9 @@ def fidelity_command(
     model, policies, modes, budgets, scopes, protect, episodes, out, buffer, window, seed, max_tokens, quiet
 ) -> list[dict]:
     from kvagent.evals.bench.episodes import load_episodes
-    from kvagent.evals.bench.fidelity import make_grid, parse_budgets, run_fidelity, split_list
+    from kvagent.evals.bench.fidelity import make_grid, run_fidelity
     from kvagent.evals.bench.stream import build_stream
+    from kvagent.options import parse_budgets, split_list
 
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"max-tokens: must be >= 1, got {max_tokens}")

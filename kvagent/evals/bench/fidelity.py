@@ -48,32 +48,6 @@ class Setting:
         return f"{self.policy}/{self.mode}/{self.scope}/protect={self.protect}/K={self.budget}"
 
 
-# ----------------------------------------------------------------------- option parsing
-def split_list(text: str | Sequence[str], what: str) -> list[str]:
-    items = text.split(",") if isinstance(text, str) else [x for t in text for x in t.split(",")]
-    items = [x.strip() for x in items if x.strip()]
-    if not items:
-        raise ConfigError(f"{what}: got an empty list")
-    return items
-
-
-def parse_budgets(text: str) -> list[int | float]:
-    out: list[int | float] = []
-    for item in split_list(text, "budgets"):
-        try:
-            b = float(item) if any(c in item for c in ".eE") else int(item)
-        except ValueError:
-            raise ConfigError(
-                f"budgets: {item!r} is not a number; pass tokens (e.g. 512) or fractions (0.25)"
-            ) from None
-        if isinstance(b, float) and b.is_integer():
-            b = int(b)
-        if (isinstance(b, int) and b < 1) or (isinstance(b, float) and not 0 < b < 1):
-            raise ConfigError(f"budgets: {item} must be >= 1 token or a fraction in (0,1)")
-        out.append(b)
-    return out
-
-
 def make_grid(policies, modes, scopes, budgets, protects, buffer: int = 128, window: int = 16, seed: int = 0):
     """Settings to run; `full` once (it never evicts, so mode, scope and budget do not apply)."""
     from kvagent.runtime.policies import available

@@ -211,9 +211,9 @@ def speed_command(model, policies, lengths, budget, buffer, steps, episode, devi
     import datetime
 
     from kvagent.evals.bench.cli_support import load_engine
-    from kvagent.evals.bench.fidelity import split_list
     from kvagent.evals.bench.progress import Progress
     from kvagent.fileio import atomic_write_json, atomic_write_text
+    from kvagent.options import split_list
     from kvagent.runtime.policies import available
 
     pols = split_list(policies, "policies")
