@@ -223,7 +223,19 @@ class DockerSandbox(Sandbox):
         """exec in the container under `timeout -s KILL` (which kills the command's whole group)."""
         api = self.client.api
         env = {"LANG": "C.UTF-8", **BASE_ENV, **(env or {})}
-        wrapped = ["timeout", "-s", "KILL", f"{max(timeout, 0.001):.3f}", *argv]
+        # stderr joins stdout inside the container: docker ships the two streams separately and
+        # their interleaving would otherwise depend on timing, not on the order they were written.
+        wrapped = [
+            "sh",
+            "-c",
+            'exec "$@" 2>&1',
+            "sh",
+            "timeout",
+            "-s",
+            "KILL",
+            f"{max(timeout, 0.001):.3f}",
+            *argv,
+        ]
         exec_id = api.exec_create(self.container.id, wrapped, workdir=workdir, environment=env)["Id"]
         start = time.monotonic()
         stream = api.exec_start(exec_id, stream=True)
