@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import _model  # noqa: E402
 
-from kvagent.evals.bench.speed import decode_latency  # noqa: E402
+from kvagent.bench.speed import decode_latency  # noqa: E402
 from kvagent.runtime import Engine  # noqa: E402
 
 POLICIES = ("streaming", "random", "snapkv", "h2o", "pyramidkv", "nexus")

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import _model  # noqa: E402
 
-from kvagent.evals.bench.speed import decode_latency  # noqa: E402
+from kvagent.bench.speed import decode_latency  # noqa: E402
 from kvagent.runtime import CacheConfig, Engine  # noqa: E402
 
 

@@ -66,7 +66,7 @@ def demo(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:
     """The main job on the bundled small model: compare eviction policies on a coding-agent episode."""
-    from kvagent.evals.bench.demo import run_demo
+    from kvagent.bench.demo import run_demo
 
     run_demo(model=model, out=out, budget=budget, turns=turns, seed=seed, progress=not quiet)
 
@@ -432,7 +432,7 @@ def bench_fidelity(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:
     """Replay agent episodes under each policy and compare with the full cache."""
-    from kvagent.evals.bench.cli_support import fidelity_command
+    from kvagent.bench.cli_support import fidelity_command
 
     fidelity_command(
         model,
@@ -466,7 +466,7 @@ def bench_speed(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
 ) -> None:
     """Decode latency, eviction-round cost and KV memory per policy."""
-    from kvagent.evals.bench.speed import speed_command
+    from kvagent.bench.speed import speed_command
 
     speed_command(
         model=model,

@@ -2,14 +2,14 @@ import json
 
 import pytest
 
-from kvagent.errors import ConfigError
-from kvagent.evals.bench.episodes import (
+from kvagent.bench.episodes import (
     load_episodes,
     load_json_episode,
     normalise_message,
     render_tool_call,
 )
-from kvagent.evals.bench.generator import generate_episode
+from kvagent.bench.generator import generate_episode
+from kvagent.errors import ConfigError
 
 
 def test_render_tool_call_r2e_format_both_shapes():

@@ -1,8 +1,8 @@
 import pytest
 
-from kvagent.evals.bench import replay as rp
-from kvagent.evals.bench.episodes import from_messages
-from kvagent.evals.bench.stream import build_stream
+from kvagent.bench import replay as rp
+from kvagent.bench.episodes import from_messages
+from kvagent.bench.stream import build_stream
 from kvagent.runtime import CacheConfig
 
 from .conftest import record

@@ -1,6 +1,6 @@
 from kvagent.agent.render import ChatMLRenderer
-from kvagent.evals.bench.episodes import Episode, default_probe
-from kvagent.evals.bench.stream import build_stream
+from kvagent.bench.episodes import Episode, default_probe
+from kvagent.bench.stream import build_stream
 
 
 def _agent_messages():

@@ -23,9 +23,9 @@ def load_engine(model: str, device: str = "auto"):
 def fidelity_command(
     model, policies, modes, budgets, scopes, protect, episodes, out, buffer, window, seed, max_tokens, quiet
 ) -> list[dict]:
-    from kvagent.evals.bench.episodes import load_episodes
-    from kvagent.evals.bench.fidelity import make_grid, run_fidelity
-    from kvagent.evals.bench.stream import build_stream
+    from kvagent.bench.episodes import load_episodes
+    from kvagent.bench.fidelity import make_grid, run_fidelity
+    from kvagent.bench.stream import build_stream
     from kvagent.options import parse_budgets, split_list
 
     if max_tokens is not None and max_tokens < 1:

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kvagent.bench import replay as rp
+from kvagent.bench.stream import Stream
 from kvagent.errors import ConfigError
-from kvagent.evals.bench import replay as rp
-from kvagent.evals.bench.stream import Stream
 from kvagent.fileio import atomic_write_json, atomic_write_text
 from kvagent.runtime.config import MODES, PROTECT, SCOPES, CacheConfig
 
@@ -166,7 +166,7 @@ def run_fidelity(
 ) -> list[dict]:
     """Run every (stream, setting) not already in `out_dir/fidelity.json`; rewrite the json after
     each run (atomically, so a crash keeps finished runs), then the table and the plot."""
-    from kvagent.evals.bench.progress import Progress
+    from kvagent.bench.progress import Progress
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -208,11 +208,11 @@ def run_fidelity(
     atomic_write_json(out / RESULTS, {"records": records, "skipped": skipped})
     wanted = {(st.name, st.digest()) for st in streams}
     current = [r for r in records if (r["episode"], r["digest"]) in wanted and r["model"] == model_name]
-    from kvagent.evals.bench.tables import fidelity_markdown
+    from kvagent.bench.tables import fidelity_markdown
 
     atomic_write_text(out / "fidelity.md", fidelity_markdown(current, skipped))
     if plot:
-        from kvagent.evals.bench.plots import plot_fidelity
+        from kvagent.bench.plots import plot_fidelity
 
         plot_fidelity(current, out / "fidelity.png")
     return current

@@ -12,8 +12,8 @@ import hashlib
 from dataclasses import dataclass
 
 from kvagent.agent.render import ChatMLRenderer
+from kvagent.bench.episodes import Episode
 from kvagent.errors import KvagentError
-from kvagent.evals.bench.episodes import Episode
 
 
 @dataclass(frozen=True)

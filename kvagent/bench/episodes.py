@@ -195,7 +195,7 @@ def load_episodes(specs: list[str]) -> list[Episode]:
         plant = opts.pop("plant", "1") not in ("0", "false", "no")
         max_chars = _int_opt(opts, "max_chars", spec, None)
         if head in ("gen", "generated"):
-            from kvagent.evals.bench.generator import generate_episode
+            from kvagent.bench.generator import generate_episode
 
             seed = _int_opt(opts, "seed", spec, 0)
             turns = _int_opt(opts, "turns", spec, 24)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvagent.evals.bench.stream import Stream
+from kvagent.bench.stream import Stream
 from kvagent.runtime.config import CacheConfig
 
 TOPK = 256  # reference tokens kept per position; the rest of the mass is one tail bucket

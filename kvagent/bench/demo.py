@@ -22,10 +22,10 @@ def run_demo(
     progress: bool = True,
     policies=DEMO_POLICIES,
 ) -> list[dict]:
-    from kvagent.evals.bench.cli_support import load_engine
-    from kvagent.evals.bench.fidelity import make_grid, run_fidelity
-    from kvagent.evals.bench.generator import generate_episode
-    from kvagent.evals.bench.stream import build_stream
+    from kvagent.bench.cli_support import load_engine
+    from kvagent.bench.fidelity import make_grid, run_fidelity
+    from kvagent.bench.generator import generate_episode
+    from kvagent.bench.stream import build_stream
 
     if budget % 32:
         raise ConfigError(
@@ -65,7 +65,7 @@ def _print_table(records: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from kvagent.evals.bench.tables import fidelity_rows
+    from kvagent.bench.tables import fidelity_rows
 
     t = Table(title="Fidelity vs the full cache (teacher-forced assistant tokens)")
     for col in (

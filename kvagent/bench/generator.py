@@ -12,9 +12,9 @@ import re
 import tempfile
 from pathlib import Path
 
+from kvagent.bench.episodes import DEFAULT_FACT, Episode, default_probe, render_tool_call
+from kvagent.bench.fixture_repo import BUGGY_LINE, FIXED_LINE, ISSUE, write_fixture_repo
 from kvagent.errors import ConfigError
-from kvagent.evals.bench.episodes import DEFAULT_FACT, Episode, default_probe, render_tool_call
-from kvagent.evals.bench.fixture_repo import BUGGY_LINE, FIXED_LINE, ISSUE, write_fixture_repo
 
 NOTES_PATH = "docs/DEPLOY_NOTES.md"
 REPO_DIR = "/testbed"

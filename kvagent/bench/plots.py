@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from kvagent.evals.bench.tables import fidelity_rows
+from kvagent.bench.tables import fidelity_rows
 from kvagent.fileio import atomic_write_bytes
 
 METRICS = (

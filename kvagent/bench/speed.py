@@ -89,7 +89,7 @@ def decode_latency(
 
 def episode_cost(engine, stream, policy: str, budget: int, buffer: int = 128) -> list[dict]:
     """Prefill tokens, wall time and KV bytes of one episode, persistent vs reprefill."""
-    from kvagent.evals.bench.replay import replay
+    from kvagent.bench.replay import replay
 
     rows = []
     for mode in ("persistent", "reprefill"):
@@ -175,7 +175,7 @@ def plot_speed(lat: list[dict], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kvagent.evals.bench.plots import _save
+    from kvagent.bench.plots import _save
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
     policies = list(dict.fromkeys(r["policy"] for r in lat))
@@ -210,8 +210,8 @@ def plot_speed(lat: list[dict], path: Path) -> Path:
 def speed_command(model, policies, lengths, budget, buffer, steps, episode, device, out, quiet) -> dict:
     import datetime
 
-    from kvagent.evals.bench.cli_support import load_engine
-    from kvagent.evals.bench.progress import Progress
+    from kvagent.bench.cli_support import load_engine
+    from kvagent.bench.progress import Progress
     from kvagent.fileio import atomic_write_json, atomic_write_text
     from kvagent.options import split_list
     from kvagent.runtime.policies import available
@@ -230,7 +230,7 @@ def speed_command(model, policies, lengths, budget, buffer, steps, episode, devi
         raise ConfigError(f"budget: nexus needs a multiple of 32, got {budget}")
     if device not in ("auto", "cpu") and not device.startswith("cuda"):
         raise ConfigError(f"device: got {device!r}; use auto, cpu or cuda")
-    from kvagent.evals.bench.episodes import load_episodes
+    from kvagent.bench.episodes import load_episodes
 
     episodes = load_episodes([episode])
     engine = load_engine(model, device=device)
@@ -252,7 +252,7 @@ def speed_command(model, policies, lengths, budget, buffer, steps, episode, devi
             lat += decode_latency(engine, p, lens, budget, buffer, steps, progress=bar.advance)
         evicting = [p for p in pols if p != "full"]
         if evicting:
-            from kvagent.evals.bench.stream import build_stream
+            from kvagent.bench.stream import build_stream
 
             stream = build_stream(episodes[0], engine.tokenizer)
             k = max(budget, (stream.prompt_length // 32 + 4) * 32)  # protect=prompt needs K > prompt
