@@ -226,3 +226,26 @@ def adapt_eval_script(
     if not any(END_TEST_OUTPUT in ln for ln in lines):
         raise KvagentError(f"{spec.instance_id}: the harness's eval script has no {END_TEST_OUTPUT!r} marker")
     return "\n".join(["#!/bin/bash", "set -uxo pipefail", *record_test_exit_code(lines)]) + "\n"
+
+
+def sandbox_eval_script(
+    instance: Instance, workdir: str, *, steps: Any = None, run_install: bool = True, log=lambda _m: None
+) -> str | None:
+    """The harness's eval script for `instance` in a sandbox whose tree is at HEAD; None when
+    swebench has no spec for it (grading then runs the recipe's test command). `steps`: the
+    recipe's `recipe_steps.Steps`; `run_install`: False where reinstalling would touch the user's
+    environment (a local checkout)."""
+    from kvagent.evals.recipe_steps import Steps, install_command
+
+    spec = harness_spec(instance, log)
+    if spec is None:
+        return None
+    steps = steps or Steps()
+    return adapt_eval_script(
+        spec,
+        base_commit=instance.base_commit,
+        workdir=workdir,
+        base_ref="HEAD",
+        install=install_command(steps, spec.install) if run_install else None,
+        env=steps.env,
+    )

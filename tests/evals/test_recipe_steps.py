@@ -1,0 +1,96 @@
+"""Recipe fields env / pre_install / install, and the verdicts of `kvagent images check`."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvagent.errors import KvagentError
+from kvagent.evals.check import format_report, judge
+from kvagent.evals.recipe_steps import EDITABLE, Steps, dockerfile_lines, install_command, parse_steps
+
+WHERE = "recipe 'x__y-1' in r.json"
+
+
+def test_fields_parse():
+    s = parse_steps(
+        {"env": {"SETUPTOOLS_SCM_PRETEND_VERSION": "7.4.0"}, "pre_install": ["touch a"], "install": "make"},
+        WHERE,
+    )
+    assert s == Steps({"SETUPTOOLS_SCM_PRETEND_VERSION": "7.4.0"}, ("touch a",), "make")
+    assert parse_steps({}, WHERE) == Steps()
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"env": ["A=1"]}, "env"),
+        ({"env": {"A": 1}}, "env"),
+        ({"env": {"1A": "x"}}, "env"),
+        ({"pre_install": "apt-get install x"}, "pre_install"),
+        ({"pre_install": [""]}, "pre_install"),
+        ({"install": ""}, "install"),
+        ({"install": ["pip", "install"]}, "install"),
+    ],
+)
+def test_bad_fields_are_named(raw, field):
+    with pytest.raises(KvagentError, match=rf"^recipe 'x__y-1' in r.json: field '{field}'"):
+        parse_steps(raw, WHERE)
+
+
+def test_multi_line_steps_are_refused():
+    with pytest.raises(KvagentError, match="one line each"):
+        parse_steps({"install": "a\nb"}, WHERE)
+
+
+def test_install_order_recipe_then_spec_then_kvagent():
+    assert install_command(Steps(install="make"), "pip install -e .") == "make"
+    assert install_command(Steps(), "pip install -e .") == "pip install -e ."
+    assert install_command(Steps(), None) == EDITABLE
+
+
+def test_dockerfile_lines():
+    pre, chain = dockerfile_lines(Steps({"V": "1 2"}, ("touch a",)), "python -m pip install -e .")
+    assert pre.splitlines() == [
+        "RUN git config --system --add safe.directory '*'",
+        'ENV V="1 2"',
+        "RUN touch a",
+    ]
+    # The spec's install first, then kvagent's offline editable install.
+    assert chain == f"(python -m pip install -e .) || ({EDITABLE})"
+    # A recipe's own install is not second-guessed.
+    assert dockerfile_lines(Steps(install="make"), "x")[1] == "(make)"
+
+
+def _graded(f2p_ok, f2p_bad, p2p_bad=(), resolved=False, error=None):
+    return {
+        "resolved": resolved,
+        "error": error,
+        "tests_status": {
+            "FAIL_TO_PASS": {"success": list(f2p_ok), "failure": list(f2p_bad)},
+            "PASS_TO_PASS": {"success": [], "failure": list(p2p_bad)},
+        },
+    }
+
+
+def test_judge_verified():
+    out = judge(_graded([], ["t1"]), _graded(["t1"], [], resolved=True))
+    assert out == {"reasons": [], "empty_fails": True, "f2p_fail_before": True, "gold_resolves": True}
+
+
+def test_judge_names_each_failure():
+    out = judge(_graded(["t1"], ["t2"]), _graded(["t1"], ["t2"], ["p1"]))
+    assert out["f2p_fail_before"] is False and out["gold_resolves"] is False and out["empty_fails"] is True
+    text = "\n".join(out["reasons"])
+    assert "FAIL_TO_PASS pass before the gold patch: t1" in text
+    assert "FAIL_TO_PASS still fail: t2" in text and "PASS_TO_PASS fail: p1" in text
+    out = judge(_graded([], [], error="test_patch did not apply"), None)
+    assert out["empty_fails"] is False and "empty patch: test_patch did not apply" in out["reasons"]
+
+
+def test_format_report():
+    rep = {"instance_id": "x__y-1", "builds": True, "f2p_fail_before": False, "empty_fails": True}
+    rep |= {"gold_resolves": None, "ok": False, "reasons": ["why"]}
+    assert format_report(rep).splitlines() == [
+        "x__y-1  builds yes  f2p_fail_before NO  empty_fails yes  gold_resolves -  => NOT verified",
+        "    why",
+    ]
