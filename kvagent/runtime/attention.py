@@ -83,6 +83,9 @@ def kvagent_attention(module, query, key, value, attention_mask, scaling=None, d
         cache.record_queries(module.layer_idx, query)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    if getattr(cache, "packed", False):
+        # Many sessions in one forward (batch.py): each attends its own cache.
+        return cache.attend(module.layer_idx, query, scaling), None
     if cache is not None and cache.backend == "flash" and query.is_cuda:
         return _flash(query, key, value, scaling), None
     return _sdpa(query, key, value, scaling), None

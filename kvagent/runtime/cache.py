@@ -1,7 +1,10 @@
 """The evictable KV cache: per layer keys, values and the logical position of every entry.
 
 Storage is a capacity buffer per layer; `compact` gathers the kept entries into a NEW, smaller
-buffer, so evicted memory is really freed. Entries stay in logical-position order.
+buffer, so evicted memory is really freed. Entries stay in logical-position order. On an engine
+that batches, an evicting session's buffers are instead views of its slot in a pool
+(`pool.py`) and compaction writes back into the slot; a layer that must outgrow its slot (scope
+`prefill` overflow) moves to private buffers until a compaction brings it back.
 """
 
 from __future__ import annotations
@@ -22,8 +25,19 @@ class EvictableLayer(CacheLayerMixin):
         self.n = 0
         self.capacity_hint = 0  # preferred capacity (K + r when evicting) so decode never reallocates
         self.positions: torch.Tensor | None = None
+        self.in_slot = False  # keys/values/positions are views of owner.slot (batched engines)
+
+    def _slot_views(self):
+        slot = self.owner.slot
+        return slot.views(self.layer_idx) if slot is not None else None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        views = self._slot_views()
+        if views is not None and key_states.shape[-2] <= views[0].shape[-2]:
+            self.keys, self.values, self.positions = views
+            self.device = key_states.device
+            self.is_initialized = self.in_slot = True
+            return
         b, h, _, d = key_states.shape
         cap = max(self.capacity_hint, key_states.shape[-2], 16)
         self.keys = key_states.new_empty((b, h, cap, d))
@@ -42,6 +56,7 @@ class EvictableLayer(CacheLayerMixin):
         values[:, :, : self.n] = self.values[:, :, : self.n]
         positions[:, :, : self.n] = self.positions[:, :, : self.n]
         self.keys, self.values, self.positions = keys, values, positions
+        self.in_slot = False
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -63,6 +78,16 @@ class EvictableLayer(CacheLayerMixin):
         """Keep entries `index` (B, H_kv, M), sorted along M, in fresh tensors of `capacity`."""
         keys, values, positions = self.live()
         m = index.shape[-1]
+        views = self._slot_views()
+        if views is not None and m <= views[0].shape[-2]:
+            # In place: gather to temporaries first, since source and destination may overlap.
+            k = keys.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1]))
+            v = values.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, values.shape[-1]))
+            p = positions.gather(2, index)
+            self.keys, self.values, self.positions = views
+            self.keys[:, :, :m], self.values[:, :, :m], self.positions[:, :, :m] = k, v, p
+            self.n, self.in_slot = m, True
+            return
         cap = max(capacity, m)
         new_k = keys.new_empty((*keys.shape[:2], cap, keys.shape[-1]))
         new_v = values.new_empty((*values.shape[:2], cap, values.shape[-1]))
@@ -71,6 +96,17 @@ class EvictableLayer(CacheLayerMixin):
         new_v[:, :, :m] = values.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, values.shape[-1]))
         new_p[:, :, :m] = positions.gather(2, index)
         self.keys, self.values, self.positions, self.n = new_k, new_v, new_p, m
+        self.in_slot = False
+
+    def attach_slot(self) -> None:
+        """Move the live entries into the owner's slot (after a reprefill compressed them to K)."""
+        views = self._slot_views()
+        if views is None or not self.is_initialized or self.in_slot or self.n > views[0].shape[-2]:
+            return
+        keys, values, positions = self.live()
+        views[0][:, :, : self.n], views[1][:, :, : self.n], views[2][:, :, : self.n] = keys, values, positions
+        self.keys, self.values, self.positions = views
+        self.in_slot = True
 
     def nbytes(self) -> int:
         if not self.is_initialized:
@@ -89,7 +125,7 @@ class EvictableLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.keys = self.values = self.positions = None
         self.n = 0
-        self.is_initialized = False
+        self.is_initialized = self.in_slot = False
 
 
 class EvictableCache(Cache):
@@ -97,8 +133,11 @@ class EvictableCache(Cache):
     each layer's recent queries (window) and, for policies that ask, all queries since its last
     round."""
 
-    def __init__(self, n_layers: int, window: int, record: bool, keep_pending: bool, backend: str = "sdpa"):
+    def __init__(
+        self, n_layers: int, window: int, record: bool, keep_pending: bool, backend: str = "sdpa", slot=None
+    ):
         super().__init__(layers=[EvictableLayer(self, i) for i in range(n_layers)])
+        self.slot = slot  # a pool Slot on batching engines (evicting sessions), else None
         self.window = window
         self.record = record
         self.keep_pending = keep_pending
@@ -139,3 +178,8 @@ class EvictableCache(Cache):
 
     def entries(self) -> list[int]:
         return [layer.n for layer in self.layers]
+
+    def attach_slot(self, slot) -> None:
+        self.slot = slot
+        for layer in self.layers:
+            layer.attach_slot()

@@ -1,12 +1,21 @@
-"""Engine: a loaded model + tokenizer with kvagent's attention registered; makes Sessions."""
+"""Engine: a loaded model + tokenizer with kvagent's attention registered; makes Sessions.
+
+With `max_batch > 1` the engine owns a scheduler that joins concurrent sessions' forwards (one
+session per thread) into shared batches, and slot pools that hold evicting sessions' caches.
+"""
 
 from __future__ import annotations
+
+import threading
+import weakref
 
 import torch
 
 from kvagent.errors import ConfigError
 from kvagent.runtime import attention, models
 from kvagent.runtime.config import CacheConfig
+from kvagent.runtime.pool import Slot, SlotPool
+from kvagent.runtime.scheduler import Scheduler
 from kvagent.runtime.session import Session
 
 
@@ -41,7 +50,18 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 class Engine:
     """Holds the model; `session(config)` starts an episode over a fresh evictable cache."""
 
-    def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, backend: str, name: str):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        device: torch.device,
+        dtype: torch.dtype,
+        backend: str,
+        name: str,
+        max_batch: int = 1,
+    ):
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError(f"max_batch: expected an int >= 1 (1 = no batching), got {max_batch!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
@@ -57,11 +77,16 @@ class Engine:
         self.scaling = _attention_scaling(model, self.head_dim)
         self.max_context = getattr(cfg, "max_position_embeddings", None)
         self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.max_batch = max_batch
+        self.scheduler = Scheduler(self, max_batch) if max_batch > 1 else None
+        self.pools: dict[tuple, SlotPool] = {}
+        self._pools_lock = threading.Lock()
 
     @classmethod
-    def load(cls, model, tokenizer=None, device="auto", dtype="auto", attn="auto") -> Engine:
+    def load(cls, model, tokenizer=None, device="auto", dtype="auto", attn="auto", max_batch=1) -> Engine:
         """`model`: a name (smollm2, tiny-random-qwen3, tiny-random-llama), hub id, local dir,
-        .gguf file, or a built PreTrainedModel (then pass its tokenizer)."""
+        .gguf file, or a built PreTrainedModel (then pass its tokenizer). `max_batch > 1`: sessions
+        driven from different threads share forwards, up to that many per forward."""
         from transformers import AutoTokenizer, PreTrainedModel
 
         attention.register()
@@ -81,7 +106,7 @@ class Engine:
             raise ConfigError(f"model: expected a name, path or PreTrainedModel, got {type(model).__name__}")
         m = m.to(device=dev, dtype=dt).eval()
         m.set_attn_implementation(attention.ATTN_NAME)
-        return cls(m, tok, dev, dt, attention.resolve_backend(attn, dev), name)
+        return cls(m, tok, dev, dt, attention.resolve_backend(attn, dev), name, max_batch=max_batch)
 
     def session(self, config: CacheConfig | None = None, **kwargs) -> Session:
         if config is None:
@@ -89,6 +114,29 @@ class Engine:
         elif kwargs:
             raise ConfigError("session: pass either a CacheConfig or keyword fields, not both")
         return Session(self, config)
+
+    def slot_for(self, session: Session) -> Slot | None:
+        """A pool slot for a batched, evicting session with a token budget (its K_l + r are fixed);
+        None for solo engines and for dense or fractional-budget sessions (private caches)."""
+        c = session.config
+        if self.scheduler is None or not c.evicts or not isinstance(c.budget, int):
+            return None
+        caps = tuple(k + c.buffer for k in session._layer_budgets(0))
+        key = (caps, c.buffer)
+        with self._pools_lock:
+            if key not in self.pools:
+                self.pools[key] = SlotPool(
+                    caps, c.buffer, self.n_kv_heads, self.head_dim, self.dtype, self.device, self.max_batch
+                )
+            pool = self.pools[key]
+        slot = pool.acquire()
+        weakref.finalize(session, pool.release, slot)
+        return slot
+
+    def close(self) -> None:
+        """Stop the scheduler thread (batching engines); sessions of this engine stop working."""
+        if self.scheduler is not None:
+            self.scheduler.close()
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

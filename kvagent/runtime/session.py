@@ -22,6 +22,7 @@ from kvagent.runtime.config import SINK_TOKENS, CacheConfig, Sampling
 from kvagent.runtime.eviction import build_view, round_generator, select
 from kvagent.runtime.policies import make_policy
 from kvagent.runtime.sampling import sample_next
+from kvagent.runtime.scheduler import scheduled
 from kvagent.runtime.stats import CacheStats
 
 if TYPE_CHECKING:
@@ -44,7 +45,8 @@ class Generation:
 
 
 class Session:
-    """One episode. Not thread-safe; run one session per thread."""
+    """One episode. Not thread-safe; run one session per thread (on an engine with max_batch > 1,
+    sessions in different threads share forwards)."""
 
     def __init__(self, engine: Engine, config: CacheConfig) -> None:
         self.engine = engine
@@ -60,6 +62,7 @@ class Session:
         self._sample_gen: torch.Generator | None = None
         self._budgets_cache: dict[int, list[int]] = {}
         self._validate()
+        self._slot = engine.slot_for(self)  # batched engines: this session's rows in a slot pool
         self.cache = self._new_cache()
 
     # ----------------------------------------------------------------- public API
@@ -80,6 +83,7 @@ class Session:
             layer.live()[2].clone() if layer.is_initialized else torch.empty(0) for layer in self.cache.layers
         ]
 
+    @scheduled
     def append(self, ids, all_logits: bool = False) -> torch.Tensor:
         """Prefill a chunk of token ids; returns float32 logits of its last token (or of every
         token with `all_logits=True`)."""
@@ -93,6 +97,7 @@ class Session:
             return self._reprefill(ids, all_logits)
         return self._prefill(ids, evict=self.config.evicts, all_logits=all_logits)
 
+    @scheduled
     def step(self, token_id: int) -> torch.Tensor:
         """Feed one token through the decode path; returns float32 logits (vocab,)."""
         logits = self._forward([int(token_id)], all_logits=False)
@@ -101,6 +106,7 @@ class Session:
             self._evict_due()
         return logits[-1]
 
+    @scheduled
     def teacher_force(self, ids) -> torch.Tensor:
         """Feed tokens exactly as that many `step` calls would (same logits, same rounds at the same
         points, same keep-sets; never a reprefill), in batched forwards. Returns (n, vocab) logits,
@@ -113,6 +119,7 @@ class Session:
         evict = self.config.evicts and self.config.scope == "prefill+decode"
         return self._prefill(ids, evict=evict, all_logits=True, decode=True)
 
+    @scheduled
     def generate(self, max_new_tokens: int, sampling: Sampling | None = None, stop=None) -> Generation:
         """Sample up to `max_new_tokens` with `step`; every sampled id (the last too) is fed."""
         if self._last_logits is None:
@@ -180,6 +187,8 @@ class Session:
             record=c.evicts,
             keep_pending=c.evicts and self.policy.needs_pending_queries,
             backend=self.engine.backend,
+            # Reprefill's dense rebuild outgrows K + r; it moves into the slot once compressed.
+            slot=self._slot if c.mode == "persistent" else None,
         )
         if c.evicts and isinstance(c.budget, int):
             for layer, k in zip(cache.layers, self._layer_budgets(0), strict=True):
@@ -248,6 +257,8 @@ class Session:
         self.cache = self._new_cache()
         logits = self._prefill(full, evict=False, all_logits=all_logits)
         self._evict_due(to_budget=True)
+        if self._slot is not None:
+            self.cache.attach_slot(self._slot)
         if all_logits:
             return logits[-len(ids) :]
         return logits
@@ -257,22 +268,25 @@ class Session:
         engine = self.engine
         start = self.logical_length
         positions = torch.arange(start, start + len(ids), device=engine.device)
-        self.cache.current_positions = positions
-        token = ACTIVE_CACHE.set(self.cache)
         t0 = time.perf_counter()
-        try:
-            out = engine.model(
-                input_ids=torch.tensor([ids], device=engine.device),
-                position_ids=positions.unsqueeze(0),
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=0 if all_logits else 1,
-            )
-        finally:
-            ACTIVE_CACHE.reset(token)
+        if engine.scheduler is not None:  # shared with other sessions' pending forwards
+            logits = engine.scheduler.forward(self.cache, ids, positions, all_logits)
+        else:
+            self.cache.current_positions = positions
+            token = ACTIVE_CACHE.set(self.cache)
+            try:
+                out = engine.model(
+                    input_ids=torch.tensor([ids], device=engine.device),
+                    position_ids=positions.unsqueeze(0),
+                    past_key_values=self.cache,
+                    use_cache=True,
+                    logits_to_keep=0 if all_logits else 1,
+                )
+            finally:
+                ACTIVE_CACHE.reset(token)
+            logits = out.logits[0].float()
         self._stats.forward_s += time.perf_counter() - t0
         self.history.extend(ids)
-        logits = out.logits[0].float()
         self._last_logits = logits[-1]
         if self.cache.keep_pending:
             self._absorb_pending()

@@ -1,0 +1,134 @@
+"""Continuous batching: the engine's scheduler joins concurrent sessions' forwards into one.
+
+Each session runs in its caller's thread and does its own bookkeeping and eviction; only the model
+forward is handed over. A calling thread posts a `Chunk` and blocks; the scheduler thread takes
+every pending chunk (up to `max_batch` and a token cap), runs one packed forward (`batch.py`) and
+wakes the callers. To fill a batch it waits until every session that is inside an API call has
+posted, but never longer than `max_wait_s` after the oldest post, so a session busy with an
+eviction round joins the next forward instead of stalling the others. A session joins or leaves
+at any step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+
+import torch
+
+from kvagent.runtime.batch import Chunk, run_packed
+
+MAX_WAIT_S = 0.002
+MAX_TOKENS = 4096  # tokens per packed forward (bounds activations when many sessions prefill)
+
+
+class Scheduler:
+    def __init__(self, engine, max_batch: int, max_wait_s: float = MAX_WAIT_S, max_tokens: int = MAX_TOKENS):
+        self.engine = engine
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self.max_tokens = max_tokens
+        self._cond = threading.Condition()
+        self._pending: list[tuple[float, Chunk, threading.Event]] = []
+        self._in_call: dict[int, int] = {}  # id(session) -> call depth
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.forwards = 0  # packed forwards run
+        self.rows = 0  # chunks served (rows / forwards = mean batch)
+        self.widest_run = 0  # most decode tokens one batched attention call has served
+
+    @contextlib.contextmanager
+    def active(self, session):
+        """Marks a session as inside an API call, so the scheduler waits for its next forward."""
+        key = id(session)
+        with self._cond:
+            self._in_call[key] = self._in_call.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                depth = self._in_call.pop(key) - 1
+                if depth:
+                    self._in_call[key] = depth
+                self._cond.notify_all()
+
+    def forward(self, cache, ids: list[int], positions: torch.Tensor, all_logits: bool) -> torch.Tensor:
+        chunk = Chunk(cache, ids, positions, all_logits)
+        done = threading.Event()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("engine closed: its scheduler no longer runs forwards")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="kvagent-scheduler", daemon=True)
+                self._thread.start()
+            self._pending.append((time.perf_counter(), chunk, done))
+            self._cond.notify_all()
+        done.wait()
+        if chunk.error is not None:
+            raise chunk.error
+        return chunk.logits
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _take(self) -> list[tuple[float, Chunk, threading.Event]] | None:
+        with self._cond:
+            while not self._pending and not self._closed:
+                self._cond.wait()
+            if self._closed and not self._pending:
+                return None
+            deadline = self._pending[0][0] + self.max_wait_s
+            while len(self._pending) < min(self.max_batch, len(self._in_call)):
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            batch, tokens = [], 0
+            for item in self._pending:
+                q = len(item[1].ids)
+                if batch and (len(batch) == self.max_batch or tokens + q > self.max_tokens):
+                    break
+                batch.append(item)
+                tokens += q
+            del self._pending[: len(batch)]
+            return batch
+
+    def _loop(self) -> None:
+        while (batch := self._take()) is not None:
+            # Sessions in consecutive slots side by side, so their decode tokens form one run.
+            chunks = sorted((c for _, c, _ in batch), key=_slot_order)
+            try:
+                cache = run_packed(self.engine, chunks)
+                self.widest_run = max(self.widest_run, cache.widest_run)
+            except BaseException as e:  # handed to every caller of this forward
+                for c in chunks:
+                    c.error = e
+            self.forwards += 1
+            self.rows += len(chunks)
+            for _, _, done in batch:
+                done.set()
+
+
+def _slot_order(c: Chunk):
+    s = c.cache.slot
+    return (1, 0, 0, 0) if s is None else (0, id(s.pool), s.block_index, s.index)
+
+
+def scheduled(method):
+    """Session methods that may run forwards: tell the engine's scheduler (if any) we are in one."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        sched = self.engine.scheduler
+        if sched is None:
+            return method(self, *args, **kwargs)
+        with sched.active(self):
+            return method(self, *args, **kwargs)
+
+    return wrapper

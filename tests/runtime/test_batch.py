@@ -1,0 +1,203 @@
+"""Batched sessions equal solo sessions: concurrent episodes on an engine with max_batch > 1 give,
+per session, the logits, kept positions and greedy ids of the same episode run alone, and the
+compacted caches still match the masked-attention oracle."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+
+from kvagent.errors import ConfigError
+from kvagent.runtime import CacheConfig, Engine, Sampling
+from kvagent.runtime.oracle import check_session_against_oracle, trace
+from kvagent.runtime.policies import available, make_policy
+
+VOCAB = 512
+TOL = 1e-4
+
+
+def rand_ids(n: int, g: torch.Generator) -> list[int]:
+    return torch.randint(0, VOCAB, (n,), generator=g).tolist()
+
+
+def episode(session, seed: int) -> dict:
+    """Every API call an agent makes, with shapes that differ per seed so that some sessions
+    prefill while others decode."""
+    g = torch.Generator().manual_seed(seed)
+    logits, ids = [], []
+    logits.append(session.append(rand_ids(12 + 3 * seed, g), all_logits=True))
+    for turn in range(3):
+        gen = session.generate(10 + 2 * seed + turn, sampling=Sampling())
+        ids.append(gen.ids)
+        logits.append(session._last_logits.clone())
+        logits.append(session.append(rand_ids(20 + 7 * turn + seed, g)))
+        logits.append(session.teacher_force(rand_ids(6 + seed, g)))
+        logits.extend(session.step(t) for t in rand_ids(5, g))
+    return {"logits": logits, "ids": ids}
+
+
+def configs(policy: str, n_layers: int) -> list[CacheConfig]:
+    """Different budgets, buffers, modes, scopes, protections and seeds; several share a pool
+    (same K_l + r), so their decode steps form batched attention runs."""
+    block = make_policy(policy).block
+    k = block * max(1, -(-48 // block))
+
+    def protect(budget: int, seed: int) -> str:
+        # `prompt` only where the prompt (12 + 3 * seed tokens) leaves something to evict.
+        smallest = min(make_policy(policy).layer_budgets(budget, n_layers))
+        return "prompt" if 12 + 3 * seed + 4 < smallest else "sink"
+
+    shapes = [
+        (k, 16, "persistent", "prefill+decode"),
+        (k, 16, "persistent", "prefill+decode"),
+        (k, 16, "reprefill", "prefill+decode"),
+        (k, 16, "persistent", "prefill"),  # decode may outgrow the slot, then come back
+        (2 * k, 8, "persistent", "prefill+decode"),
+        (0.5, 16, "persistent", "prefill+decode"),  # fractional: a private cache
+    ]
+    out = [
+        CacheConfig(
+            policy=policy,
+            budget=b,
+            buffer=r,
+            mode=mode,
+            scope=scope,
+            seed=i,
+            protect=protect(b, i) if isinstance(b, int) else "sink",
+            audit=True,
+        )
+        for i, (b, r, mode, scope) in enumerate(shapes)
+    ]
+    out.append(CacheConfig(seed=len(out)))  # a dense session rides along
+    return out
+
+
+def run_alone(engine, cfgs):
+    results = []
+    for i, cfg in enumerate(cfgs):
+        s = engine.session(cfg)
+        results.append((s, episode(s, i)))
+    return results
+
+
+def run_together(engine, cfgs, traced=True):
+    """One thread per session, all started at once; returns sessions, results, traces."""
+    sessions = [engine.session(cfg) for cfg in cfgs]
+    results, records, errors = [None] * len(cfgs), [None] * len(cfgs), []
+    barrier = threading.Barrier(len(cfgs))
+
+    def drive(i):
+        try:
+            barrier.wait()
+            s = sessions[i]
+            if traced and s.config.mode == "persistent":
+                with trace(s) as rec:
+                    results[i] = episode(s, i)
+                records[i] = rec
+            else:
+                results[i] = episode(s, i)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(len(cfgs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sessions, results, records
+
+
+def assert_same(solo_session, solo, batched_session, batched):
+    assert batched["ids"] == solo["ids"]
+    assert len(batched["logits"]) == len(solo["logits"])
+    for a, b in zip(batched["logits"], solo["logits"], strict=True):
+        torch.testing.assert_close(a, b, atol=TOL, rtol=TOL)
+    for a, b in zip(batched_session.kept_positions(), solo_session.kept_positions(), strict=True):
+        assert torch.equal(a, b)
+    assert batched_session.stats.rounds == solo_session.stats.rounds
+    if solo_session.audit is not None:
+        assert [r.kept.tolist() for r in batched_session.audit] == [
+            r.kept.tolist() for r in solo_session.audit
+        ]
+
+
+@pytest.fixture(scope="module")
+def batch_engines(tiny_engines):
+    engines = {
+        kind: Engine.load(e.model, tokenizer=e.tokenizer, device="cpu", max_batch=8)
+        for kind, e in tiny_engines.items()
+    }
+    yield engines
+    for e in engines.values():
+        e.close()
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+@pytest.mark.parametrize("policy", available())
+def test_concurrent_sessions_equal_solo_runs(tiny_engines, batch_engines, kind, policy):
+    solo_engine, engine = tiny_engines[kind], batch_engines[kind]
+    cfgs = configs(policy, solo_engine.n_layers)
+    alone = run_alone(solo_engine, cfgs)
+    sched = engine.scheduler
+    forwards, rows, widest = sched.forwards, sched.rows, sched.widest_run
+    sessions, together, records = run_together(engine, cfgs)
+    for (s0, r0), s1, r1 in zip(alone, sessions, together, strict=True):
+        assert_same(s0, r0, s1, r1)
+    if policy != "full":
+        assert any(s.stats.rounds > 1 for s in sessions), "the episodes must evict"
+    # Forwards were really shared, and some attention ran as one batched run over a pool block.
+    assert (sched.rows - rows) > 1.5 * (sched.forwards - forwards)
+    if policy != "full":
+        assert sched.widest_run >= 2 or widest >= 2
+    for s, rec in zip(sessions, records, strict=True):
+        if rec is not None:
+            assert check_session_against_oracle(s, rec) < TOL
+
+
+def test_batched_decode_run_matches_solo_with_unequal_lengths(tiny_engines, batch_engines):
+    """Three sessions in one pool, lengths a few entries apart: one masked run per step."""
+    solo_engine, engine = tiny_engines["qwen3"], batch_engines["qwen3"]
+    cfgs = [CacheConfig(policy="snapkv", budget=40, buffer=16, protect="sink", seed=i) for i in range(3)]
+    alone = run_alone(solo_engine, cfgs)
+    sched = engine.scheduler
+    sched.widest_run = 0
+    sessions, together, _ = run_together(engine, cfgs, traced=False)
+    for (s0, r0), s1, r1 in zip(alone, sessions, together, strict=True):
+        assert_same(s0, r0, s1, r1)
+    assert sched.widest_run == 3
+
+
+def test_slots_are_reused_and_evicting_sessions_live_in_their_slot(batch_engines):
+    engine = batch_engines["qwen3"]
+    cfg = CacheConfig(policy="streaming", budget=24, buffer=8, protect="sink")
+    s = engine.session(cfg)
+    pool = s._slot.pool
+    used = pool.in_use
+    s.append(list(range(40)))
+    assert all(layer.in_slot for layer in s.cache.layers)
+    assert s.stats.kv_bytes == [pool.slot_nbytes() // engine.n_layers] * engine.n_layers
+    del s
+    gc.collect()
+    assert pool.in_use == used - 1
+    again = engine.session(cfg)
+    assert again._slot.pool is pool and pool.in_use == used
+
+
+def test_max_batch_must_be_a_positive_int(qwen3_engine):
+    with pytest.raises(ConfigError, match="max_batch"):
+        Engine.load(qwen3_engine.model, tokenizer=qwen3_engine.tokenizer, device="cpu", max_batch=0)
+    assert qwen3_engine.scheduler is None and qwen3_engine.max_batch == 1
+
+
+def test_a_failing_forward_reaches_its_caller_and_the_engine_keeps_serving(batch_engines):
+    engine = batch_engines["qwen3"]
+    s = engine.session(CacheConfig())
+    with pytest.raises(IndexError):
+        s.append([VOCAB + 10_000])  # out of the embedding's range
+    ok = engine.session(CacheConfig())
+    assert ok.append([1, 2, 3]).shape == (VOCAB,)
