@@ -2,9 +2,11 @@
 
 Order (as `swebench.harness.run_evaluation`): apply the model patch (`git apply --verbose`, then
 `--3way`, then `--reject`, then `patch --batch --forward --fuzz=5 -p1`, from a clean tree each time),
-then reset the files `test_patch` touches, apply `test_patch`, run the repository's test command on
-the test files it touches, and judge the log with swebench's own log parser and grading rules
-(`get_eval_report`: every FAIL_TO_PASS and PASS_TO_PASS test must pass).
+then run the harness's own eval script for the instance (`specs.py`: swebench's spec for its repo
+and version, adapted to the sandbox), which resets the test files, applies `test_patch` and runs the
+spec's test command on the spec's directives; and judge the log with swebench's own log parser and
+grading rules (`get_eval_report`: every FAIL_TO_PASS and PASS_TO_PASS test must pass). Instances
+swebench has no spec for run the recipe's test command on the test files (`eval_script` below).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any
 
 from kvagent.errors import KvagentError
 from kvagent.evals.datasets import Instance, load_instances, select_instances
-from kvagent.evals.images import docker_client, image_for, instance_image_tag, repo_test_command
+from kvagent.evals.images import docker_client, image_for, instance_image_tag, load_recipes, repo_test_command
+from kvagent.evals.specs import TEST_PATCH_FAILED, sandbox_eval_script
 from kvagent.fileio import atomic_write_json, atomic_write_text
 
 WORKDIR = "/testbed"
@@ -198,18 +201,32 @@ def _apply_model_patch(target: Any) -> tuple[str | None, str]:
     return None, output
 
 
+def _script_for(target: Any, instance: Instance, recipes: Mapping[str, Any] | None, run_install: bool) -> str:
+    """swebench's eval script for the instance; the recipe's test command where it has no spec."""
+    recipes = load_recipes() if recipes is None else recipes
+    if isinstance(instance.extra.get("test_cmd"), str):  # a record that names its own test command
+        return eval_script(instance, instance.extra["test_cmd"], target.workdir, target.scratch)
+    recipe = recipes.get(instance.instance_id)
+    steps = getattr(recipe, "steps", None)
+    script = sandbox_eval_script(instance, target.workdir, steps=steps, run_install=run_install)
+    return script or eval_script(
+        instance, repo_test_command(instance, recipes), target.workdir, target.scratch
+    )
+
+
 def _grade_in(
     target: Any,
     instance: Instance,
     patch: str,
-    test_cmd: str,
+    recipes: Mapping[str, Any] | None,
     details: dict[str, Any],
     timeout: int,
     logs: Path | None,
+    run_install: bool = True,
 ) -> None:
     """Apply the model patch, run the tests, and fill `details` with swebench's verdict."""
     empty = not patch.strip()
-    script = eval_script(instance, test_cmd, target.workdir, target.scratch)
+    script = _script_for(target, instance, recipes, run_install)
     target.put({"model.diff": patch, "test.diff": instance.test_patch, "eval.sh": script})
 
     if not empty:
@@ -229,7 +246,7 @@ def _grade_in(
     with tempfile.TemporaryDirectory() as tmp:
         log_path = (logs or Path(tmp)) / "test_output.txt"
         atomic_write_text(log_path, output)
-        if rc == TEST_PATCH_FAILED_RC:
+        if rc == TEST_PATCH_FAILED_RC or TEST_PATCH_FAILED in output:
             details["error"] = "test_patch did not apply on top of the model patch"
             return
         if rc == 137 and "Test Exit Code" not in output:
@@ -278,15 +295,9 @@ def grade_in_sandbox(
     details = _new_details(instance, patch)
     logs = Path(log_dir) if log_dir is not None else None
     try:
-        _grade_in(
-            _SandboxTarget(sandbox),
-            instance,
-            patch,
-            repo_test_command(instance, recipes),
-            details,
-            timeout,
-            logs,
-        )
+        # A local sandbox must not reinstall the checkout into the user's own environment.
+        run_install = type(sandbox).__name__ != "LocalSandbox"
+        _grade_in(_SandboxTarget(sandbox), instance, patch, recipes, details, timeout, logs, run_install)
     except KvagentError as e:
         details["error"] = str(e)
     details["duration_s"] = round(time.monotonic() - started, 2)
@@ -322,7 +333,6 @@ def grade_instance(
         atomic_write_text(logs / "patch.diff", patch)
     container = None
     try:
-        test_cmd = repo_test_command(instance, recipes)
         image = image or image_for(instance, client)
         details["image"] = image
         try:
@@ -347,7 +357,7 @@ def grade_instance(
                     f"with `kvagent images build --instances {instance.instance_id}`"
                 ) from None
             raise
-        _grade_in(_ContainerTarget(container), instance, patch, test_cmd, details, timeout, logs)
+        _grade_in(_ContainerTarget(container), instance, patch, recipes, details, timeout, logs)
         return details
     except KvagentError as e:
         details["error"] = str(e)

@@ -9,7 +9,8 @@ An image is built from a recipe (package data in `kvagent/evals/recipes/*.json`,
          "source": {"sdist": "NAME==VER"}            # release sdist from the package registry
                  | {"git": "/path/to/mirror", "commit": "<sha>"},   # commit defaults to base_commit
          "pins": ["pytest==7.4.4", ...],             # installed from wheels, offline, in the image
-         "test_cmd": "..."}}}                        # optional, overrides the default
+         "env": {...}, "pre_install": [...], "install": "..."   # optional build steps (recipe_steps.py)
+         "test_cmd": "..."}}}                        # only where swebench has no spec (specs.py)
 
 The build: the local base rootfs image (debootstrap, `docker import`) + a venv at /opt/venv with the
 pinned wheels (downloaded on the host, installed with `--no-index`, so the build runs with network
@@ -39,6 +40,8 @@ from typing import Any
 
 from kvagent.errors import KvagentError
 from kvagent.evals.datasets import Instance
+from kvagent.evals.recipe_steps import FIELDS as STEP_FIELDS
+from kvagent.evals.recipe_steps import Steps, dockerfile_lines, parse_steps
 from kvagent.fileio import cache_dir
 
 BASE_TAG = "kvagent/base:bookworm"
@@ -51,7 +54,7 @@ WHEEL_PLATFORM = ("manylinux_2_36_x86_64", "linux_x86_64")
 # 81 drop, `pkg_resources`, which older projects import at runtime (pydicom 2.1).
 BOOTSTRAP = ("pip", "setuptools>=64,<70", "wheel")
 # Bump when the Dockerfile below changes, so cached images are rebuilt.
-BUILD_FORMAT = 2
+BUILD_FORMAT = 3
 LABEL_INSTANCE = "kvagent.instance_id"
 LABEL_RECIPE = "kvagent.recipe"
 
@@ -73,6 +76,7 @@ class Recipe:
     bootstrap: tuple[str, ...] = BOOTSTRAP
     origin: str = ""  # file the recipe came from, for error messages
     extra: Mapping[str, Any] = field(default_factory=dict)
+    steps: Steps = field(default_factory=Steps)  # env, pre_install, install
 
     def digest(self) -> str:
         """Identity of what the image is built from; a cached image with another digest is rebuilt."""
@@ -83,6 +87,7 @@ class Recipe:
             "pins": list(self.pins),
             "python": self.python,
             "bootstrap": list(self.bootstrap),
+            "steps": self.steps.digest_payload(),
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -121,7 +126,7 @@ def _parse_recipe_file(text: str, origin: str) -> dict[str, Recipe]:
         pins = spec.get("pins", [])
         if not isinstance(pins, list) or not all(isinstance(p, str) for p in pins):
             raise KvagentError(f"{where}: 'pins' must be a list of requirement strings")
-        known = {"repo", "source", "pins", "test_cmd", "python", "bootstrap"}
+        known = {"repo", "source", "pins", "test_cmd", "python", "bootstrap", *STEP_FIELDS}
         out[iid] = Recipe(
             instance_id=iid,
             repo=spec["repo"],
@@ -132,6 +137,7 @@ def _parse_recipe_file(text: str, origin: str) -> dict[str, Recipe]:
             bootstrap=tuple(spec.get("bootstrap", BOOTSTRAP)),
             origin=origin,
             extra={k: v for k, v in spec.items() if k not in known},
+            steps=parse_steps(spec, where),
         )
     return out
 
@@ -275,7 +281,7 @@ def fetch_sdist(requirement: str, log: Log = _quiet) -> Path:
                     "-q",
                     "--no-deps",
                     "--no-binary",
-                    ":all:",
+                    requirement.split("==")[0],  # build requirements may be wheels (setuptools_scm's)
                     "-d",
                     str(tmp),
                     requirement,
@@ -388,8 +394,10 @@ ENV VIRTUAL_ENV=/opt/venv \\
     PYTHONDONTWRITEBYTECODE=1
 COPY testbed /testbed
 WORKDIR /testbed
-# Editable, so patched sources are what the tests import; a .pth file if the project cannot build offline.
-RUN (python -m pip install -q --no-build-isolation --no-deps -e . \\
+{pre_install}
+# The recipe's or swebench's install (editable, so patched sources are what the tests import); a .pth
+# file if the project cannot build offline.
+RUN ({install} \\
       || {{ echo "editable install failed; adding /testbed to sys.path instead"; \\
             d=/testbed; [ -d /testbed/src ] && d=/testbed/src; \\
             echo "$d" > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kvagent-testbed.pth"; }}) \\
@@ -433,6 +441,12 @@ def build_instance_image(
         if "sdist" in recipe.source:
             _unpack_archive(fetch_sdist(recipe.source["sdist"], log), testbed)
         else:
+            git = os.path.expandvars(recipe.source["git"])
+            if "$" in git:
+                raise KvagentError(
+                    f"recipe for {iid}: field 'source.git' is {recipe.source['git']!r}, whose variable is "
+                    "not set; clone the repository and set it (e.g. KVAGENT_MIRRORS=DIR holding OWNER/NAME clones)"
+                )
             commit = recipe.source.get("commit") or (
                 instance.base_commit if isinstance(instance, Instance) else ""
             )
@@ -440,7 +454,7 @@ def build_instance_image(
                 raise KvagentError(
                     f"recipe for {iid}: git source needs a 'commit' (or pass the instance record)"
                 )
-            _export_git(Path(recipe.source["git"]).expanduser(), commit, testbed)
+            _export_git(Path(git).expanduser(), commit, testbed)
         # A stale .git from the source would replace the base commit we make in the image.
         shutil.rmtree(testbed / ".git", ignore_errors=True)
         wheelhouse = ctx / "wheelhouse"
@@ -448,6 +462,12 @@ def build_instance_image(
         download_wheels([*recipe.bootstrap, *recipe.pins], wheelhouse, recipe.python, log)
         (wheelhouse / "requirements.txt").write_text("".join(f"{p}\n" for p in recipe.pins) or "\n")
         (wheelhouse / "bootstrap.txt").write_text("".join(f"{p}\n" for p in recipe.bootstrap))
+        spec = None
+        if isinstance(instance, Instance):
+            from kvagent.evals.specs import harness_spec
+
+            spec = harness_spec(instance, log)
+        pre_install, install = dockerfile_lines(recipe.steps, spec.install if spec else None)
         (ctx / "Dockerfile").write_text(
             _DOCKERFILE.format(
                 base=base,
@@ -456,6 +476,8 @@ def build_instance_image(
                 instance_id=iid,
                 digest=digest,
                 source_label=recipe.source_label().replace('"', ""),
+                pre_install=pre_install,
+                install=install,
             )
         )
         log(f"building {tag} from {recipe.source_label()}")
