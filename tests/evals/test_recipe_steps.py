@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvagent.errors import KvagentError
@@ -94,3 +96,41 @@ def test_format_report():
         "x__y-1  builds yes  f2p_fail_before NO  empty_fails yes  gold_resolves -  => NOT verified",
         "    why",
     ]
+
+
+def test_recipe_file_errors_name_the_field(tmp_path):
+    from kvagent.evals.images import load_recipes
+
+    f = tmp_path / "r.json"
+    base = {"repo": "o/n", "source": {"sdist": "n==1.0"}}
+    f.write_text(json.dumps({"format": 1, "recipes": {"o__n-1": {**base, "env": {"A": 2}}}}))
+    with pytest.raises(KvagentError, match=rf"recipe 'o__n-1' in {f}: field 'env'"):
+        load_recipes([f])
+    f.write_text(json.dumps({"format": 1, "recipes": {"o__n-1": {**base, "install": "make"}}}))
+    r = load_recipes([f])["o__n-1"]
+    assert r.steps.install == "make" and "install" not in r.extra
+    # The steps are part of what the image is built from.
+    f.write_text(json.dumps({"format": 1, "recipes": {"o__n-1": {**base, "install": "make all"}}}))
+    assert load_recipes([f])["o__n-1"].digest() != r.digest()
+
+
+def test_git_source_with_unset_variable_is_named(tmp_path, monkeypatch):
+    from kvagent.evals.images import build_instance_image, load_recipes
+
+    f = tmp_path / "r.json"
+    src = {"git": "$KVAGENT_TEST_UNSET_MIRRORS/o/n", "commit": "abc"}
+    f.write_text(json.dumps({"format": 1, "recipes": {"o__n-1": {"repo": "o/n", "source": src}}}))
+    monkeypatch.delenv("KVAGENT_TEST_UNSET_MIRRORS", raising=False)
+
+    class _Client:  # the image is "missing", the base "present": the build reaches the source
+        class images:
+            @staticmethod
+            def get(tag):
+                if "base" in tag:
+                    return object()
+                import docker
+
+                raise docker.errors.ImageNotFound(tag)
+
+    with pytest.raises(KvagentError, match=r"field 'source.git' .*KVAGENT_TEST_UNSET_MIRRORS.*not set"):
+        build_instance_image("o__n-1", recipes=load_recipes([f]), client=_Client())
