@@ -3,11 +3,16 @@
 from kvagent.runtime.policies import (  # noqa: F401  (registration)
     full,
     h2o,
+    keydiff,
+    knorm,
     nexus,
     pyramidkv,
     random,
+    rkv,
     snapkv,
     streaming,
+    tova,
+    triattention,
 )
 from kvagent.runtime.policies.base import BasePolicy, LayerView, Policy, available, make_policy, register
 

@@ -1,0 +1,93 @@
+"""R-KV: window attention importance minus key redundancy, for long reasoning traces."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvagent.runtime.policies._args import float_arg, reject_unknown
+from kvagent.runtime.policies._keep import rank_first
+from kvagent.runtime.policies.base import BasePolicy, LayerView, register
+from kvagent.runtime.policies.snapkv import check_snapkv_args, window_mask
+
+# Bound on the float32 similarity rows materialised at once (B*H_kv*rows*N), as in _attn.
+_MAX_ELEMS = 1 << 26
+
+
+def importance(view: LayerView, kernel: int) -> torch.Tensor:
+    """(B, H_kv, N): window attention with the GQA group's logits max-pooled before the softmax
+    (R-KV's form), averaged over the window queries, then max-pooled over `kernel` entries."""
+    b, hkv, n = view.positions.shape
+    q = view.queries
+    w = q.shape[2]
+    if w == 0:
+        return torch.zeros((b, hkv, n), dtype=torch.float32, device=view.keys.device)
+    g, d = view.group_size, q.shape[-1]
+    logits = q.float().reshape(b, hkv, g * w, d) @ view.keys.float().transpose(-1, -2)
+    logits = logits.view(b, hkv, g, w, n).amax(dim=2)  # (B, H_kv, W, N)
+    qpos = view.query_positions.to(view.positions.device).reshape(1, 1, w, 1)
+    logits.masked_fill_(view.positions.unsqueeze(2) > qpos, float("-inf"))
+    probs = torch.softmax(logits * view.scaling, dim=-1).nan_to_num_(0.0)  # rows seeing no key: 0
+    s = probs.mean(dim=2)
+    if kernel > 1:
+        s = F.max_pool1d(s.reshape(b * hkv, 1, n), kernel, stride=1, padding=kernel // 2).reshape(b, hkv, n)
+    return s
+
+
+def redundancy(keys: torch.Tensor, threshold: float) -> torch.Tensor:
+    """(B, H_kv, N): R-KV's redundancy, a softmax over entries of their mean cosine similarity to
+    the other keys of the head. For each key i, its most recent neighbour with similarity above
+    `threshold` is exempted (that entry of row i is zeroed), so of a run of near-duplicates the
+    newest copy scores least redundant and survives. Chunked over rows to bound memory."""
+    b, h, n, _ = keys.shape
+    kn = F.normalize(keys.float(), dim=-1)
+    col_sum = torch.zeros((b, h, n), dtype=torch.float32, device=keys.device)
+    idx = torch.arange(n, device=keys.device)
+    step = max(1, _MAX_ELEMS // max(1, b * h * n))
+    for s in range(0, n, step):
+        rows = idx[s : s + step]
+        sim = kn[:, :, s : s + step] @ kn.transpose(-1, -2)  # (B, H, r, N)
+        sim[:, :, torch.arange(len(rows), device=keys.device), rows] = 0.0  # no self-similarity
+        similar = sim > threshold
+        last = torch.where(similar, idx, -1).amax(dim=-1, keepdim=True)  # newest similar key per row
+        exempt = (idx == last) & (last >= 0)
+        col_sum += sim.masked_fill_(exempt, 0.0).sum(dim=2)
+    return torch.softmax(col_sum / n, dim=-1)
+
+
+@register
+class RKVPolicy(BasePolicy):
+    """R-KV (Cai, Xiao, Sun, Luo, Zhang, Wan, Li, Zhou, Chang, Gu, Dong, Anandkumar, Asi, Hu, 2025,
+    "R-KV: Redundancy-aware KV Cache Compression for Reasoning Models", arXiv:2505.24133).
+
+    Score = lam * importance - (1 - lam) * redundancy per KV head (see the two functions above);
+    `lam` = 0.1 (paper default), `threshold` = 0.5 and `kernel` = 7 (the authors' code). With
+    `keep_window` (default, as in the paper's observation window) the window's own entries rank
+    above all others. Differences from the authors' code: the attention softmax runs over every
+    visible entry (theirs leaves the window's own keys out) and the window is the runtime's W
+    (theirs: 8 tokens).
+    """
+
+    name = "rkv"
+
+    def __init__(
+        self, lam: float = 0.1, threshold: float = 0.5, kernel: int = 7, keep_window: bool = True, **unknown
+    ) -> None:
+        reject_unknown(self.name, unknown, ["lam", "threshold", "kernel", "keep_window"])
+        self.lam = float_arg("lam", lam, 0.0, 1.0, " (1 = attention only, 0 = redundancy only)")
+        self.threshold = float_arg("threshold", threshold, -1.0, 1.0, " (a cosine similarity)")
+        self.kernel, self.keep_window = check_snapkv_args(kernel, keep_window)
+
+    def scores(self, view: LayerView) -> torch.Tensor:
+        s = self.lam * importance(view, self.kernel)
+        if self.lam < 1.0:
+            s = s - (1.0 - self.lam) * redundancy(view.keys, self.threshold)
+        if self.keep_window:
+            s = rank_first(s, window_mask(view))
+        return s
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(lam={self.lam}, threshold={self.threshold}, kernel={self.kernel}, "
+            f"keep_window={self.keep_window})"
+        )

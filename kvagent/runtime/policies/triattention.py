@@ -1,0 +1,159 @@
+"""TriAttention: score keys by the attention a typical future query would give them, from the
+pre-RoPE query centre and the key's distance (a trigonometric series over RoPE frequencies)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from typing import Any
+
+import torch
+
+from kvagent.runtime.policies._args import bool_arg, float_arg, int_arg, reject_unknown
+from kvagent.runtime.policies._keep import rank_first
+from kvagent.runtime.policies.base import BasePolicy, LayerView, register
+
+_ARGS = ["rope_theta", "offset_max", "normalize", "recent"]
+
+
+@functools.cache
+def _warn_no_rope() -> None:
+    warnings.warn(
+        "triattention: no policy_args.rope_theta, so scores use key and query norms only (no "
+        "trigonometric term); set rope_theta to the model config's value for TriAttention proper",
+        stacklevel=3,
+    )
+
+
+def rope_frequencies(theta: float, head_dim: int, device=None) -> torch.Tensor:
+    """(D/2,) angular frequency of each RoPE pair, theta^(-2f/D) (unscaled RoPE)."""
+    return theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+
+
+def unrotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Pre-RoPE complex pairs (..., D/2) of post-RoPE vectors x (..., D) at `positions` (x.shape[:-1]).
+
+    The HF convention (Llama, Qwen): pair f is (x_f, x_{f+D/2}), and RoPE multiplies the complex
+    number x_f + i x_{f+D/2} by exp(i * pos * w_f); undoing it multiplies by exp(-i * pos * w_f).
+    """
+    half = x.shape[-1] // 2
+    z = torch.complex(x[..., :half].double(), x[..., half:].double())
+    angle = positions.to(x.device, torch.float64).unsqueeze(-1) * inv_freq.to(x.device)
+    return z * torch.polar(torch.ones_like(angle), -angle)
+
+
+def offset_mean(inv_freq: torch.Tensor, offset_max: int) -> torch.Tensor:
+    """(D/2,) mean over future distances d = 1, 2, 4, ..., <= offset_max of exp(i * w_f * d)."""
+    d = 2.0 ** torch.arange(int(math.log2(offset_max)) + 1, dtype=torch.float64, device=inv_freq.device)
+    angle = d.unsqueeze(-1) * inv_freq
+    return torch.polar(torch.ones_like(angle), angle).mean(dim=0)
+
+
+def trig_scores(view: LayerView, inv_freq: torch.Tensor, offset_max: int) -> torch.Tensor:
+    """(B, H_q, N): per query head, the expected logit of a future query at the centre of the
+    window's pre-RoPE queries, averaged over the geometric distances, plus the norm term.
+
+    With c_f the mean pre-RoPE query pair, a_f the mean of |q_f|, k_f the key's pre-RoPE pair and
+    D the distance from the current position: Re sum_f c_f conj(k_f) exp(i w_f D) E_d[exp(i w_f d)]
+    + sum_f (a_f - |c_f|) |k_f|. The second term credits large keys for the part of the query
+    that is not concentrated at the centre.
+    """
+    b, hkv, n, _ = view.keys.shape
+    g = view.group_size
+    zq = unrotate(view.queries, view.query_positions.expand(view.queries.shape[:-1]), inv_freq)
+    c = zq.mean(dim=2)  # (B, H_q, F)
+    spread = zq.abs().mean(dim=2) - c.abs()  # >= 0: the query norm not explained by the centre
+    zk = unrotate(view.keys, view.positions, inv_freq)  # (B, H_kv, N, F)
+    now = view.positions.amax() + 1  # the next token's position
+    angle = (now - view.positions).to(torch.float64).unsqueeze(-1) * inv_freq  # (B, H_kv, N, F)
+    phase = torch.polar(torch.ones_like(angle), angle) * offset_mean(inv_freq, offset_max)
+    rot_k = (zk.conj() * phase).unsqueeze(2)  # (B, H_kv, 1, N, F)
+    c = c.reshape(b, hkv, g, 1, -1)
+    trig = (c * rot_k).real.sum(dim=-1)  # (B, H_kv, g, N)
+    extra = (spread.reshape(b, hkv, g, 1, -1) * zk.abs().unsqueeze(2)).sum(dim=-1)
+    return (trig + extra).reshape(b, hkv * g, n).float()
+
+
+def norm_scores(view: LayerView) -> torch.Tensor:
+    """(B, H_q, N): sum_f E|q_f| |k_f|, the paper's ablation without the trigonometric and centre
+    terms. Pair magnitudes are unchanged by RoPE, so it needs no RoPE parameters."""
+    b, hkv, n, d = view.keys.shape
+    half, g = d // 2, view.group_size
+    q, k = view.queries.float(), view.keys.float()
+    qa = torch.complex(q[..., :half], q[..., half:]).abs().mean(dim=2)  # (B, H_q, F)
+    ka = torch.complex(k[..., :half], k[..., half:]).abs()  # (B, H_kv, N, F)
+    s = qa.reshape(b, hkv, g, 1, half) * ka.unsqueeze(2)
+    return s.sum(dim=-1).reshape(b, hkv * g, n)
+
+
+@register
+class TriAttentionPolicy(BasePolicy):
+    """TriAttention (Mao, Lin, Huang, Xie, Fu, et al., 2026, "TriAttention: Efficient Long Reasoning
+    with Trigonometric KV Compression", arXiv:2604.04921; code github.com/WeianMao/triattention).
+
+    Pre-RoPE queries cluster around a fixed centre, so the logit a future query gives a key is a
+    trigonometric series in their distance (`trig_scores`). Per query head the score is z-scored
+    over the evictable entries (`normalize`, default on as in the authors' runner), then each KV
+    head takes the max over its GQA group (their per-(layer, head) mode). The newest `recent`
+    entries (default 128, their window) rank first. Distances: 1, 2, 4, ... <= `offset_max`
+    (default 65536), averaged.
+
+    Assumptions where the runtime differs from the paper: the query centre and mean norms come
+    from this layer's window queries (the paper calibrates them offline on a text corpus); RoPE
+    is unscaled with base `rope_theta`, with HF's half-split pairing, and the extra frequency
+    scale of scaled RoPE variants is 1. `rope_theta` must be the model's config.rope_theta: the
+    LayerView carries no RoPE parameters. Without it (default None) the policy falls back to
+    `norm_scores`, which needs none, and warns once: that is the paper's no-trig ablation, not
+    TriAttention.
+    """
+
+    name = "triattention"
+
+    def __init__(
+        self,
+        rope_theta: float | None = None,
+        offset_max: int = 65536,
+        normalize: bool = True,
+        recent: int = 128,
+        **unknown: Any,
+    ) -> None:
+        reject_unknown(self.name, unknown, _ARGS)
+        self.rope_theta = None if rope_theta is None else float_arg("rope_theta", rope_theta, 1.0)
+        self.offset_max = int_arg("offset_max", offset_max, 1)
+        self.normalize = bool_arg("normalize", normalize)
+        self.recent = int_arg("recent", recent, 0)
+
+    def scores(self, view: LayerView) -> torch.Tensor:
+        b, hkv, n = view.positions.shape
+        if view.queries.shape[2] == 0:
+            return torch.zeros((b, hkv, n), dtype=torch.float32, device=view.keys.device)
+        if self.rope_theta is None:
+            _warn_no_rope()
+            s = norm_scores(view)
+        else:
+            inv_freq = rope_frequencies(self.rope_theta, view.keys.shape[-1], view.keys.device)
+            s = trig_scores(view, inv_freq, self.offset_max)
+        s = s.reshape(b, hkv, view.group_size, n)
+        if self.normalize:
+            # Over the evictable entries only, as the authors z-score decode tokens but not the
+            # protected prefix; the heads of a group then compete on one scale.
+            cand = (~view.protected).unsqueeze(2).to(s.dtype)
+            cnt = cand.sum(dim=-1, keepdim=True).clamp_min(1.0)
+            mean = (s * cand).sum(dim=-1, keepdim=True) / cnt
+            var = (((s - mean) * cand) ** 2).sum(dim=-1, keepdim=True) / cnt
+            s = (s - mean) / var.sqrt().clamp_min(1e-6)
+        s = s.amax(dim=2)
+        n_recent = min(self.recent, n)
+        if n_recent > 0:
+            # Positions ascend along N, so the newest entries of every head are the last ones.
+            recent = torch.zeros(s.shape, dtype=torch.bool, device=s.device)
+            recent[..., -n_recent:] = True
+            s = rank_first(s, recent)
+        return s
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(rope_theta={self.rope_theta}, offset_max={self.offset_max}, "
+            f"normalize={self.normalize}, recent={self.recent})"
+        )
