@@ -105,4 +105,5 @@ def describe(steps: Steps, spec: Any) -> dict[str, Any]:
         "install": install_command(steps, getattr(spec, "install", None)),
         "spec_pre_install": list(getattr(spec, "pre_install", ()) or ()),
         "spec_install": getattr(spec, "install", None),
+        "spec_pip_packages": list((getattr(spec, "specs", None) or {}).get("pip_packages", [])),
     }
