@@ -13,6 +13,7 @@ import torch
 from kvagent.runtime.policies._args import bool_arg, float_arg, int_arg, reject_unknown
 from kvagent.runtime.policies._keep import rank_first
 from kvagent.runtime.policies.base import BasePolicy, LayerView, register
+from kvagent.runtime.policies.knorm import round_relative
 
 _ARGS = ["rope_theta", "offset_max", "normalize", "recent"]
 
@@ -83,8 +84,8 @@ def norm_scores(view: LayerView) -> torch.Tensor:
     q, k = view.queries.float(), view.keys.float()
     qa = torch.complex(q[..., :half], q[..., half:]).abs().mean(dim=2)  # (B, H_q, F)
     ka = torch.complex(k[..., :half], k[..., half:]).abs()  # (B, H_kv, N, F)
-    s = qa.reshape(b, hkv, g, 1, half) * ka.unsqueeze(2)
-    return s.sum(dim=-1).reshape(b, hkv * g, n)
+    s = (qa.reshape(b, hkv, g, 1, half) * ka.unsqueeze(2)).sum(dim=-1)
+    return round_relative(s.reshape(b, hkv * g, n))  # repeated tokens tie exactly in layer 0
 
 
 @register

@@ -104,12 +104,12 @@ def test_without_rope_theta_it_falls_back_to_norms_and_warns(rand_view):
                 qabs = (q[:, : D // 2] ** 2 + q[:, D // 2 :] ** 2).sqrt().mean(0)
                 heads.append(float(qabs @ kabs))
             want[0, kv, j] = max(heads)
-    assert torch.allclose(s, want, atol=1e-5)
+    assert torch.allclose(s, want, rtol=5e-4)  # compared at 2^-12 relative precision
     # Rotation-free: rotating every key and query by its position changes nothing.
     pos = torch.arange(20)
     view.keys = _rope(view.keys, pos)
     view.queries = _rope(view.queries, pos[-3:])
-    assert torch.allclose(pol.scores(view), want, atol=1e-5)
+    assert torch.allclose(pol.scores(view), want, rtol=5e-4)
 
 
 def test_args_are_checked():
