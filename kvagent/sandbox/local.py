@@ -1,13 +1,16 @@
 """Local backend: a private copy of the repository in a temp dir, commands under bubblewrap.
 
 Layout of the temp dir: repo/ (the copy, = workdir), state/ (tool state), home/ (HOME), tools/.
-Under bwrap the whole filesystem is read-only except that dir and a private /tmp; the network
-and PID namespaces are unshared, so killing bwrap ends every process the command started.
+Under bwrap a command sees only what mounts.layout lists (system dirs, /etc without secrets, the
+tools' Python, the user's bind paths, that dir and a private /tmp) and runs as SANDBOX_UID in a
+user namespace; the network and PID namespaces are unshared, so killing bwrap ends every process
+the command started. docs/sandbox.md says what each backend exposes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -18,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvagent.sandbox import mounts
 from kvagent.sandbox.base import BASE_ENV, DEFAULT_MAX_OUTPUT, TOOLS_SRC, Result, Sandbox, truncation_note
 from kvagent.sandbox.errors import SandboxError
 from kvagent.sandbox.procs import CappedReader, pipe_chunks
@@ -27,6 +31,14 @@ log = logging.getLogger(__name__)
 ISOLATIONS = ("auto", "bwrap", "none")
 # After the process exits, how long stray holders of its output pipe may keep us waiting.
 DRAIN_S = 5.0
+# The uid and gid commands run as inside the user namespace: not root, so no capability applies.
+SANDBOX_UID = 1000
+USERNS_HELP = (
+    "bubblewrap cannot create a user namespace here ({why}); commands run as host uid {uid} "
+    "(the private mounts still apply). Enable them with `sysctl -w kernel.unprivileged_userns_clone=1` "
+    "or `sysctl -w user.max_user_namespaces=15000` (or an AppArmor profile for bwrap)"
+)
+_userns_ok: dict[str, bool] = {}  # per bwrap binary, once known: warn about a missing userns once
 
 
 def _rmtree(path: str) -> None:
@@ -42,11 +54,21 @@ def _rmtree(path: str) -> None:
 
 
 class LocalSandbox(Sandbox):
-    def __init__(self, repo: str | Path, isolation: str = "auto", network: bool = False):
+    def __init__(
+        self,
+        repo: str | Path,
+        isolation: str = "auto",
+        network: bool = False,
+        bind: list[str] | None = None,
+        bind_rw: list[str] | None = None,
+    ):
         super().__init__()
         if isolation not in ISOLATIONS:
             raise SandboxError(f"unknown isolation {isolation!r}; use one of {', '.join(ISOLATIONS)}")
         src = check_repo(repo)
+        # Extra host paths the user chose to show, at the same path: read-only / writable.
+        self.bind = mounts.check_binds(bind, "bind")
+        self.bind_rw = mounts.check_binds(bind_rw, "bind_rw")
         bwrap = shutil.which("bwrap")
         if isolation == "bwrap" and bwrap is None:
             raise SandboxError("isolation='bwrap' but bwrap is not installed; install bubblewrap")
@@ -54,6 +76,7 @@ class LocalSandbox(Sandbox):
             log.warning("bwrap not found: local sandbox commands run unisolated (network on, host writable)")
         self.bwrap = bwrap if isolation != "none" else None
         self.network = network
+        self.uid: int | None = None  # SANDBOX_UID when commands run in a user namespace
         self.root = os.path.realpath(tempfile.mkdtemp(prefix="kvagent-sbx-"))
         try:
             self.workdir = os.path.join(self.root, "repo")
@@ -64,29 +87,62 @@ class LocalSandbox(Sandbox):
             shutil.copytree(TOOLS_SRC, self.tools_dir, ignore=shutil.ignore_patterns("__pycache__"))
             self.tool_python = sys.executable
             copy_repo(src, Path(self.workdir))
+            if self.bwrap:
+                self._mounts = mounts.layout(self.root, self.tools_dir, self.bind, self.bind_rw)
+                self._probe_bwrap(isolation)
             self._init_repo_state()
         except BaseException:
             _rmtree(self.root)
             self._closed = True
             raise
 
+    def _probe_bwrap(self, isolation: str) -> None:
+        """Run `true` in the real layout, so a bwrap that cannot work fails here, clearly."""
+        if _userns_ok.get(self.bwrap, True):
+            self.uid = SANDBOX_UID
+            r = self._run_probe()
+            if r.returncode == 0:
+                _userns_ok[self.bwrap] = True
+                return
+            self.uid = None
+            why = (r.stderr.strip().splitlines() or ["no message"])[-1]
+            if self._run_probe().returncode != 0:
+                self._bwrap_unusable(isolation, why)
+                return
+            log.warning(USERNS_HELP.format(why=why, uid=os.getuid()))  # once: cached below
+            _userns_ok[self.bwrap] = False
+        elif (r := self._run_probe()).returncode != 0:
+            self._bwrap_unusable(isolation, (r.stderr.strip().splitlines() or ["no message"])[-1])
+
+    def _run_probe(self) -> subprocess.CompletedProcess:
+        argv = self._argv(["true"])
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+
+    def _bwrap_unusable(self, isolation: str, why: str) -> None:
+        msg = f"bwrap cannot start a sandbox here ({why})"
+        if isolation == "bwrap":
+            raise SandboxError(f"{msg}; allow user namespaces or setuid bwrap, or use isolation='none'")
+        log.warning("%s: local sandbox commands run unisolated (network on, host visible)", msg)
+        self.bwrap = None
+
     def _argv(self, argv: list[str]) -> list[str]:
         if not self.bwrap:
             return argv
-        # Order matters: later mounts go on top, so the sandbox dir is bound over the private /tmp.
-        wrap = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        for path in _interpreter_paths_under_tmp():
-            # The private /tmp would hide a Python (e.g. a venv in a checkout under /tmp) that the
-            # tools and the user's commands run with; show it again, read-only.
-            wrap += ["--ro-bind", path, path]
-        wrap += ["--bind", self.root, self.root, "--unshare-pid", "--unshare-ipc", "--die-with-parent"]
+        wrap = [self.bwrap, *self._mounts, "--unshare-pid", "--unshare-ipc", "--die-with-parent"]
+        if self.uid is not None:
+            wrap += ["--unshare-user", "--uid", str(self.uid), "--gid", str(self.uid)]
+            if _can_disable_userns(self.bwrap):  # bwrap >= 0.8: no nested namespace to be root in
+                wrap.append("--disable-userns")
         if not self.network:
             wrap.append("--unshare-net")
         return [*wrap, "--chdir", self.workdir, "--", *argv]
 
     def _env(self, extra: dict | None) -> dict:
+        path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        if self.bwrap:
+            path = mounts.visible_path(path, [*mounts.interpreter_prefixes(), *self.bind, *self.bind_rw])
         env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "PATH": path,
             "HOME": os.path.join(self.root, "home"),
             "LANG": "C.UTF-8",
             "TMPDIR": "/tmp",
@@ -162,11 +218,7 @@ class LocalSandbox(Sandbox):
         _rmtree(self.root)
 
 
-def _interpreter_paths_under_tmp() -> list[str]:
-    """Directories of this Python (prefix, base prefix, the real executable's) that lie in /tmp."""
-    candidates = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    out = []
-    for path in sorted(os.path.realpath(p) for p in candidates):
-        if (path == "/tmp" or path.startswith("/tmp/")) and not any(path.startswith(o + "/") for o in out):
-            out.append(path)
-    return out
+@functools.cache
+def _can_disable_userns(bwrap: str) -> bool:
+    r = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30)
+    return "--disable-userns" in r.stdout + r.stderr
