@@ -3,10 +3,11 @@
 Each session runs in its caller's thread and does its own bookkeeping and eviction; only the model
 forward is handed over. A calling thread posts a `Chunk` and blocks; the scheduler thread takes
 every pending chunk (up to `max_batch` and a token cap), runs one packed forward (`batch.py`) and
-wakes the callers. To fill a batch it waits until every session that is inside an API call has
-posted, but never longer than `max_wait_s` after the oldest post, so a session busy with an
-eviction round joins the next forward instead of stalling the others. A session joins or leaves
-at any step.
+wakes the callers. To fill a batch it waits until every session that is inside an API call (or
+left one within the wait window: a caller looping over `step` is between two calls) has posted,
+but never longer than the wait window after the oldest post: max(`max_wait_s`, a tenth of the
+last forward), so a session busy with an eviction round joins the next forward instead of
+stalling the others. A session joins or leaves at any step.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class Scheduler:
         self._cond = threading.Condition()
         self._pending: list[tuple[float, Chunk, threading.Event]] = []
         self._in_call: dict[int, int] = {}  # id(session) -> call depth
+        self._left_at: dict[int, float] = {}  # id(session) -> when it last left a call
+        self._last_forward_s = 0.0
         self._thread: threading.Thread | None = None
         self._closed = False
         self.forwards = 0  # packed forwards run
@@ -52,6 +55,8 @@ class Scheduler:
                 depth = self._in_call.pop(key) - 1
                 if depth:
                     self._in_call[key] = depth
+                else:
+                    self._left_at[key] = time.perf_counter()
                 self._cond.notify_all()
 
     def forward(self, cache, ids: list[int], positions: torch.Tensor, all_logits: bool) -> torch.Tensor:
@@ -83,8 +88,9 @@ class Scheduler:
                 self._cond.wait()
             if self._closed and not self._pending:
                 return None
-            deadline = self._pending[0][0] + self.max_wait_s
-            while len(self._pending) < min(self.max_batch, len(self._in_call)):
+            window = max(self.max_wait_s, 0.1 * self._last_forward_s)
+            deadline = self._pending[0][0] + window
+            while len(self._pending) < min(self.max_batch, self._expected(window)):
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     break
@@ -99,13 +105,22 @@ class Scheduler:
             del self._pending[: len(batch)]
             return batch
 
+    def _expected(self, window: float) -> int:
+        """Sessions likely to post soon: inside a call, or out of one for less than `window`."""
+        now = time.perf_counter()
+        for key in [k for k, t in self._left_at.items() if now - t > window or k in self._in_call]:
+            del self._left_at[key]
+        return len(self._in_call) + len(self._left_at)
+
     def _loop(self) -> None:
         while (batch := self._take()) is not None:
             # Sessions in consecutive slots side by side, so their decode tokens form one run.
             chunks = sorted((c for _, c, _ in batch), key=_slot_order)
+            t0 = time.perf_counter()
             try:
                 cache = run_packed(self.engine, chunks)
                 self.widest_run = max(self.widest_run, cache.widest_run)
+                self._last_forward_s = time.perf_counter() - t0
             except BaseException as e:  # handed to every caller of this forward
                 for c in chunks:
                     c.error = e
