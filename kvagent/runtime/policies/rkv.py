@@ -37,21 +37,26 @@ def importance(view: LayerView, kernel: int) -> torch.Tensor:
 def redundancy(keys: torch.Tensor, threshold: float) -> torch.Tensor:
     """(B, H_kv, N): R-KV's redundancy, a softmax over entries of their mean cosine similarity to
     the other keys of the head. For each key i, its most recent neighbour with similarity above
-    `threshold` is exempted (that entry of row i is zeroed), so of a run of near-duplicates the
-    newest copy scores least redundant and survives. Chunked over rows to bound memory."""
+    `threshold` is exempted (that entry of row i is dropped), so of a run of near-duplicates the
+    newest copy scores least redundant and survives.
+
+    The column sums are linear in the keys (sum_i cos(i, j) = k_j . sum_i k_i for unit keys);
+    only the exemptions need the pairwise similarities, searched in row chunks to bound memory.
+    """
     b, h, n, _ = keys.shape
     kn = F.normalize(keys.float(), dim=-1)
-    col_sum = torch.zeros((b, h, n), dtype=torch.float32, device=keys.device)
-    idx = torch.arange(n, device=keys.device)
+    col_sum = (kn * kn.sum(dim=2, keepdim=True)).sum(dim=-1) - (kn * kn).sum(dim=-1)  # minus self
+    rev = kn.flip(2)  # columns newest first, so a row's first hit is its newest similar key
     step = max(1, _MAX_ELEMS // max(1, b * h * n))
     for s in range(0, n, step):
-        rows = idx[s : s + step]
-        sim = kn[:, :, s : s + step] @ kn.transpose(-1, -2)  # (B, H, r, N)
-        sim[:, :, torch.arange(len(rows), device=keys.device), rows] = 0.0  # no self-similarity
-        similar = sim > threshold
-        last = torch.where(similar, idx, -1).amax(dim=-1, keepdim=True)  # newest similar key per row
-        exempt = (idx == last) & (last >= 0)
-        col_sum += sim.masked_fill_(exempt, 0.0).sum(dim=2)
+        r = min(step, n - s)
+        sim = kn[:, :, s : s + r] @ rev.transpose(-1, -2)  # (B, H, r, N), reversed columns
+        rows = torch.arange(r, device=keys.device)
+        sim[:, :, rows, (n - 1 - s) - rows] = -2.0  # never one's own twin
+        first = (sim > threshold).view(torch.uint8).argmax(dim=-1, keepdim=True)
+        val = sim.gather(-1, first)
+        val = val.masked_fill_(val <= threshold, 0.0).squeeze(-1)  # rows without a similar key
+        col_sum.scatter_add_(-1, (n - 1) - first.squeeze(-1), -val)
     return torch.softmax(col_sum / n, dim=-1)
 
 
