@@ -7,7 +7,7 @@ against that: pass iff error <= max(BF16_C * unevicted error, BF16_FLOOR * max |
 where the unevicted error is the `full` policy's on the same episode, model and dtype.
 BF16_C = 2: on the development CPU the worst evicted / unevicted ratio over 7 policies x 2 models
 was 1.35, so 2 leaves room for other kernels; wrong caches (a mislabelled position in the first
-layer, two heads' keys swapped) gave errors 5-20x the unevicted one and fail. BF16_FLOOR = 0.02
+layer, two heads' keys swapped) gave errors about 10-20x the unevicted one and fail. BF16_FLOOR = 0.02
 (relative to the largest logit, i.e. 2.5-5 bf16 ulps there) only matters when the dense path
 happens to match the reference almost exactly, where 2x of a near-zero error would flag pure
 rounding.
