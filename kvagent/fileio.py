@@ -1,4 +1,5 @@
-"""Atomic file writes shared by every layer: a reader (or a crash) never sees half a file."""
+"""Files shared by every layer: atomic writes (a reader, or a crash, never sees half a file), JSONL
+appends and the one JSONL reader, and the cache directory."""
 
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ def append_jsonl(path: str | os.PathLike[str], record: Any) -> None:
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
-    """(line number, record) for each non-blank line; a bad line is a one-line KvagentError."""
+    """(line number, record) for each non-blank line of a JSONL file: the one reader of every JSONL
+    file. A last line cut short (no newline: its writer was killed mid-write) is skipped; any other
+    bad line is a one-line KvagentError."""
     from kvagent.errors import KvagentError
 
     path = Path(path)
@@ -60,6 +63,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
+                if not line.endswith("\n"):  # only the last line can lack one: torn
+                    return
                 raise KvagentError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
 
 

@@ -1,8 +1,10 @@
-"""Parsing of command-line values shared by every command: comma lists and budgets."""
+"""Parsing of command-line values shared by every command: comma lists, budgets and policy arguments."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import Any
 
 from kvagent.errors import ConfigError
 
@@ -39,4 +41,34 @@ def parse_budgets(text: str | Sequence[str], what: str = "budgets") -> list[int 
         if b is not None and ((isinstance(b, int) and b < 1) or (isinstance(b, float) and not 0 < b < 1)):
             raise ConfigError(f"{what}: {item} must be >= 1 token or a fraction in (0,1)")
         out.append(b)
+    return out
+
+
+def parse_policy_args(items: Sequence[str] | None, policies: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """`--policy-arg [POLICY.]KEY=VALUE` (repeatable) -> {policy: {key: value}}. Values are JSON where
+    they parse (numbers, true/false), else strings. KEY=VALUE names the one policy that takes options
+    (every one but `full`); with several, write POLICY.KEY=VALUE."""
+    tunable = list(dict.fromkeys(p for p in policies if p != "full"))
+    out: dict[str, dict[str, Any]] = {}
+    for item in items or []:
+        head, sep, raw = item.partition("=")
+        policy, dot, key = head.rpartition(".")
+        like = f"{policy or (tunable[0] if tunable else 'nexus')}.{key or 'lam'}={raw or '0.5'}"
+        if not sep or not key:
+            problem = "is not [POLICY.]KEY=VALUE"
+        elif not tunable:
+            problem = f"has no policy to go to ({', '.join(policies)} takes no options)"
+        elif dot and policy not in tunable:
+            problem = f"names {policy!r}, which is not among the policies ({', '.join(tunable)})"
+            like = f"{tunable[0]}.{key}={raw}"
+        elif not dot and len(tunable) > 1:
+            problem = f"names no policy and there are several ({', '.join(tunable)}); write POLICY.KEY=VALUE"
+        else:
+            try:
+                value: Any = json.loads(raw)
+            except json.JSONDecodeError:
+                value = raw
+            out.setdefault(policy or tunable[0], {})[key] = value
+            continue
+        raise ConfigError(f"policy-arg: {item!r} {problem}; e.g. --policy-arg {like}")
     return out

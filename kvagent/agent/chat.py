@@ -1,39 +1,26 @@
-"""`kvagent chat`: the coding agent as an interactive terminal session over ONE token stream.
+"""The agent as a conversation over ONE token stream: `ChatAgent` is the loop of `loop.Agent` with
+requests after the first appended as user turns, step limits counted per request, and replies that
+can be stopped between tokens.
 
-The first request becomes the instance prompt (system prompt + request); each later request is appended
-as a user turn after the last reply, so the live cache (and its evictions) spans the whole chat. The
-agent works on a sandboxed copy of the repository; the user's checkout is never edited.
-
-Ctrl-C stops the current reply or tool call, not the chat. While the model runs, SIGINT only sets a
-flag that generation checks between tokens: interrupting a forward pass half-way would leave some layers
-of the cache holding a token that the others (and the history) lack."""
+The first request becomes the instance prompt (system prompt + request); each later request follows
+the last reply, so the live cache (and its evictions) spans the whole chat. A stopped reply keeps its
+tokens in the stream: interrupting a forward pass half-way would leave some layers of the cache
+holding a token that the others (and the history) lack, so `interrupt()` only sets a flag that
+generation checks after each token. What is shown and how keys are read is the caller's (the
+terminal chat of `kvagent.cli.chat`): text arrives through `on_text`, events through `on_event`."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.panel import Panel
-from rich.text import Text
-
-from kvagent.agent.config import AgentConfig
-from kvagent.agent.loop import INTERRUPTED, Agent, AgentEvent, Turn
+from kvagent.agent.loop import INTERRUPTED, Agent
 from kvagent.agent.observation import FINISHED
 from kvagent.agent.parser import ToolCall
-from kvagent.agent.solve import check_prompt_fits
-from kvagent.agent.tools import FINISH_TOOL
-from kvagent.errors import ConfigError, KvagentError
-from kvagent.ui import cache_status
 
-APPROVALS = ("confirm", "yolo")
 DECLINED = (
     "The user declined to run this call; it did not run. Do not repeat it unchanged: take a different "
     "step, or call `finish` if the request is done."
@@ -41,252 +28,66 @@ DECLINED = (
 STOPPED_BEFORE = "The user interrupted before this call ran; it did not run."
 STOPPED_DURING = "The user interrupted this call while it ran; it did not finish."
 STOPPED_REPLY = "The user interrupted your reply."
-SHOWN_LINES = 20  # observation lines echoed to the terminal (the model gets the full text)
-HELP = """Type a request for the agent. Commands:
-  /diff        show the patch of the agent's changes so far
-  /save FILE   write that patch to FILE
-  /stats       cache and token statistics
-  /help        this text
-  /quit        leave (Ctrl-D too)
-Ctrl-C stops the current reply or tool call and returns to the prompt."""
 
 
 class ChatQuit(Exception):
-    """The user pressed q at an approval prompt."""
+    """The user chose to quit (e.g. q at an approval prompt); raised by the caller's `approve`."""
 
 
 @dataclass
-class _Generated:
+class _Stopped:
     ids: list[int]
     text: str
     finish_reason: str
 
 
-class _StoppableSession:
-    """Proxy of a model session whose `generate` samples one token per call to the real session, so a
-    Ctrl-C flag can end a reply between tokens; the sampled ids stay in the stream as usual."""
+@dataclass
+class ChatAgent(Agent):
+    # Reply text as it is sampled (whole characters only).
+    on_text: Callable[[str], None] | None = None
+    # Entered around each tool call, e.g. to let Ctrl-C raise KeyboardInterrupt there.
+    guard_tool: Callable[[], AbstractContextManager[Any]] | None = None
 
-    def __init__(self, session: Any, tokenizer: Any, stop_requested: Callable[[], bool], on_text) -> None:
-        self.session, self.tokenizer = session, tokenizer
-        self.stop_requested, self.on_text = stop_requested, on_text
-
-    @property
-    def logical_length(self) -> int:
-        return self.session.logical_length
-
-    @property
-    def stats(self) -> Any:
-        return self.session.stats
-
-    def append(self, ids: Sequence[int]) -> Any:
-        return self.session.append(ids)
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
-
-    def generate(self, max_new_tokens: int, sampling: Any = None, stop: Sequence[str] = ()) -> _Generated:
-        stops = [s for s in stop if s]
-        tail_span = max((len(s) for s in stops), default=0) + 16
-        ids: list[int] = []
-        unshown: list[int] = []  # ids whose text is an incomplete UTF-8 character so far
-        reason = "length"
-        while len(ids) < max_new_tokens:
-            if self.stop_requested():
-                reason = INTERRUPTED
-                break
-            g = self.session.generate(1, sampling=sampling, stop=stops)
-            new = [int(i) for i in g.ids]
-            ids += new
-            unshown += new
-            piece = self._decode(unshown)
-            if not piece.endswith("\ufffd"):
-                self.on_text(piece)
-                unshown = []
-            if g.finish_reason == "eos":
-                reason = "eos"
-                break
-            if g.finish_reason == "stop" or (
-                stops and any(s in self._decode(ids[-tail_span:]) for s in stops)
-            ):
-                reason = "stop"
-                break
-        if unshown:
-            self.on_text(self._decode(unshown))
-        text = self._decode(ids[:-1] if reason == "eos" else ids)
-        return _Generated(ids, text, reason)
-
-
-class _GuardedEnv:
-    """Proxy of the sandbox: Ctrl-C raises while a tool runs (the sandbox kills the command on it)."""
-
-    def __init__(self, env: Any, chat: ChatSession) -> None:
-        self.env, self.chat = env, chat
-
-    def __getattr__(self, name: str) -> Any:  # workdir and anything else the agent asks for
-        return getattr(self.env, name)
-
-    def run_tool(self, name: str, params: Any, timeout: float = 90) -> Any:
-        with self.chat._sigint(raising=True):
-            if self.chat._stop:  # Ctrl-C came between the reply and the tool: do not start it
-                raise KeyboardInterrupt
-            # Stays True if the call is interrupted, so the chat can say the call did not finish.
-            self.chat._tool_running = True
-            result = self.env.run_tool(name, params, timeout=timeout)
-            self.chat._tool_running = False
-            return result
-
-    def diff(self) -> str:
-        return self.env.diff()
-
-
-def read_key(prompt: str) -> str:
-    """One keypress from the terminal (a line when stdin is not a terminal); EOFError at end of input."""
-    sys.stdout.write(prompt)
-    sys.stdout.flush()
-    if not sys.stdin.isatty():
-        line = sys.stdin.readline()
-        if not line:
-            raise EOFError
-        return line.strip()[:1]
-    import termios
-    import tty
-
-    fd = sys.stdin.fileno()
-    old = termios.tcgetattr(fd)
-    try:
-        tty.setcbreak(fd)  # keeps ISIG, so Ctrl-C still raises KeyboardInterrupt here
-        data = os.read(fd, 8)
-    finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, old)
-    if not data or data[:1] == b"\x04":
-        raise EOFError
-    key = data[:1].decode("ascii", errors="replace")
-    sys.stdout.write(key + "\n")
-    sys.stdout.flush()
-    return key
-
-
-class ChatSession:
-    """One interactive chat over one live session and one sandbox.
-
-    `read_line(prompt)` reads a request, `read_key(prompt)` one approval key; both raise EOFError at the
-    end of input and may raise KeyboardInterrupt. `console` receives everything shown."""
-
-    def __init__(
-        self,
-        session: Any,
-        env: Any,
-        tokenizer: Any,
-        config: AgentConfig | None = None,
-        *,
-        approval: str = "confirm",
-        console: Console | None = None,
-        read_line: Callable[[str], str] | None = None,
-        read_key: Callable[[str], str] = read_key,
-        budget: Any = None,
-        buffer: int = 0,
-        handle_sigint: bool = True,
-    ) -> None:
-        if approval not in APPROVALS:
-            raise ConfigError(f"approval: got {approval!r}; choose one of {', '.join(APPROVALS)}")
-        self.session, self.env, self.approval = session, env, approval
-        self.console = console or Console()
-        self.read_line = read_line or input
-        self.read_key = read_key
-        self.budget, self.buffer = budget, buffer
-        self.handle_sigint = handle_sigint
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.requests = 0
-        self.closed: str | None = None  # why no further request can be taken
         self.error: str | None = None
-        self._stop = False
-        self._tool_running = False
-        self._streamed = False
-        self.agent = Agent(
-            _StoppableSession(session, tokenizer, lambda: self._stop, self._show_text),
-            _GuardedEnv(env, self),
-            tokenizer,
-            config or AgentConfig(),
-            on_event=self._on_event,
-            approve=self._approve,
-        )
+        self.stop_requested = False
+        self.tool_running = False
+        self._unshown: list[int] = []  # ids whose text is an incomplete UTF-8 character so far
 
-    # ----------------------------------------------------------------- REPL
-    def run(self) -> None:
-        """Read requests and commands until /quit, end of input or an unrecoverable error."""
-        self.console.print(Text(HELP, style="dim"))
-        while True:
-            try:
-                line = self.read_line("you> ")
-            except EOFError:
-                self.console.print()
-                break
-            except KeyboardInterrupt:  # at the prompt: nothing runs, so just say how to leave
-                self.console.print(Text("\n(type /quit to leave)", style="dim"))
-                continue
-            if not self.handle(line):
-                break
-        self._offer_patch()
+    @property
+    def request_steps(self) -> int:
+        """Model calls made for the current request."""
+        return len(self.turns) - self.first_step
 
-    def handle(self, line: str) -> bool:
-        """One line of user input; False when the chat should end."""
-        line = line.strip()
-        if not line:
-            return True
-        if line.startswith("/"):
-            return self.command(line)
-        if self.closed:
-            self._say(f"{self.closed}; use /diff, /save FILE or /quit", "yellow")
-            return True
-        status = self.ask(line)
-        return status not in ("quit", "error")
+    def interrupt(self) -> None:
+        """End the current reply after the next token (what Ctrl-C does while the model runs)."""
+        self.stop_requested = True
 
-    def command(self, line: str) -> bool:
-        name, _, arg = line.partition(" ")
-        arg = arg.strip()
-        if name in ("/quit", "/exit", "/q"):
-            return False
-        if name == "/help":
-            self.console.print(Text(HELP))
-        elif name == "/diff":
-            self._show_diff(self._diff())
-        elif name == "/save":
-            self.save(arg)
-        elif name == "/stats":
-            self.console.print(Text(self.stats_text()))
-        else:
-            self._say(f"unknown command {name}; type /help for the list", "yellow")
-        return True
-
-    # ----------------------------------------------------------------- one request
     def ask(self, request: str) -> str:
-        """Run the agent on one request until it calls finish (or a limit, Ctrl-C, q); returns the status:
-        submitted | step_limit | context_limit | interrupted | quit | error."""
-        agent = self.agent
-        self._stop = self._tool_running = False
+        """Run the agent on one request until it calls finish (or a limit, an interruption, a quit);
+        returns the status: submitted | step_limit | context_limit | interrupted | quit | error."""
+        self.stop_requested = self.tool_running = False
         self.requests += 1
-        with self._sigint(raising=False):
-            try:
-                if not agent.messages:
-                    status = agent.start(request)
-                else:
-                    status = agent.follow_up(self._with_notes(request))
-                if status is None:
-                    status = agent.loop()
-            except KeyboardInterrupt:  # raised only at the approval prompt or inside a tool call
-                status = INTERRUPTED
-                turn = agent.turns[-1] if agent.turns else None
-                if turn is not None and turn.observation is None:
-                    turn.observation = STOPPED_DURING if self._tool_running else STOPPED_BEFORE
-            except ChatQuit:
-                status = "quit"
-            except Exception as e:  # the stream may be inconsistent now: end the chat, keep the patch
-                status, self.error = "error", f"{type(e).__name__}: {e}"
-        self._end_request(status)
+        try:
+            status = self.start(request) if not self.messages else self.follow_up(self._with_notes(request))
+            if status is None:
+                status = self.loop()
+        except KeyboardInterrupt:  # raised only by the caller's approval prompt or tool guard
+            status = INTERRUPTED
+            turn = self.turns[-1] if self.turns else None
+            if turn is not None and turn.observation is None:
+                turn.observation = STOPPED_DURING if self.tool_running else STOPPED_BEFORE
+        except ChatQuit:
+            status = "quit"
+        except Exception as e:  # the stream may be inconsistent now: the chat ends, the patch stays
+            status, self.error = "error", f"{type(e).__name__}: {e}"
         return status
 
     def _with_notes(self, request: str) -> str:
         """What the model missed since its last reply (an unfed observation, an interruption)."""
-        last = self.agent.turns[-1] if self.agent.turns else None
+        last = self.turns[-1] if self.turns else None
         note = None
         if last is not None and not last.fed:
             if last.observation and last.observation != FINISHED:
@@ -295,213 +96,33 @@ class ChatSession:
                 note = STOPPED_REPLY
         return f"{note}\n\n{request}" if note else request
 
-    def _approve(self, turn: Turn, call: ToolCall) -> str | None:
-        if self.approval == "yolo" or call.name == FINISH_TOOL:
-            return None
-        with self._sigint(raising=True):
-            while True:
-                try:
-                    key = self.read_key("run it? [y]es / [n]o / [q]uit: ").strip().lower()
-                except EOFError:
-                    raise ChatQuit from None
-                if key == "y":
-                    return None
-                if key == "n":
-                    return DECLINED
-                if key == "q":
-                    raise ChatQuit
-
-    def _end_request(self, status: str) -> None:
-        self._end_stream()
-        last = self.agent.turns[-1] if self.agent.turns else None
-        if status == "submitted" and last is not None and last.call:
-            result = last.call["params"].get("result", "").strip()
-            self.console.print(Panel(Text(result or "(no summary)"), title="done", border_style="green"))
-        elif status == "step_limit":
-            if last is not None and last.observation:
-                self._show_observation(last.observation)
-            n = self.agent.config.max_steps
-            self._say(f"stopped at the step limit ({n} per request); ask again to go on", "yellow")
-        elif status == "context_limit":
-            self.closed = f"the context limit ({self.agent.config.context_limit:,} tokens) is reached"
-            self._say(f"{self.closed}; /diff and /save still work", "red")
-        elif status == INTERRUPTED:
-            self._say("interrupted; the partial reply stays in the conversation", "yellow")
-        elif status == "error":
-            self._say(f"error: {self.error}; the chat cannot go on", "red")
-        self._status_line()
-
-    # ----------------------------------------------------------------- display
-    def _on_event(self, event: AgentEvent) -> None:
-        turn = event.turn
-        if event.kind == "reply" and turn is not None:
-            self._end_stream()
-            if turn.call:
-                self._show_call(turn)
-            else:
-                self._say(f"(no valid call: {turn.call_error})", "yellow")
-        elif event.kind == "observation" and turn is not None:
-            self._show_observation(turn.observation or "")
-            self._status_line()
-
-    def _show_text(self, text: str) -> None:
-        self._streamed = True
-        self.console.print(Text(text), end="")
-
-    def _end_stream(self) -> None:
-        if self._streamed:
-            self.console.print()
-            self._streamed = False
-
-    def _show_call(self, turn: Turn) -> None:
-        call = turn.call or {}
-        body = Text()
-        for i, (key, value) in enumerate(call.get("params", {}).items()):
-            body.append(("\n" if i else "") + f"{key}: ", style="bold")
-            body.append(value if "\n" not in value else "\n" + value)
-        step = len(self.agent.turns) - self.agent._first_step
-        title = f"step {step}: {call.get('name')}"
-        self.console.print(Panel(body, title=title, title_align="left", border_style="cyan"))
-
-    def _show_observation(self, text: str) -> None:
-        lines = text.split("\n")
-        if len(lines) > SHOWN_LINES:
-            cut = len(lines) - SHOWN_LINES
-            lines = [*lines[: SHOWN_LINES // 2], f"[... {cut} lines ...]", *lines[-SHOWN_LINES // 2 :]]
-        self.console.print(Text("\n".join(lines), style="dim"))
-
-    def _status_line(self) -> None:
-        self.console.print(Text(cache_status(self.session.stats, self.budget, self.buffer), style="dim cyan"))
-
-    def _say(self, text: str, style: str = "") -> None:
-        self.console.print(Text(text, style=style))
-
-    def stats_text(self) -> str:
-        a = self.agent
-        generated = sum(t.reply_tokens for t in a.turns)
-        return (
-            f"requests {self.requests} | steps {len(a.turns)} | prompt {a.prompt_tokens:,} tokens | "
-            f"generated {generated:,} tokens\n{cache_status(self.session.stats, self.budget, self.buffer)}"
+    # ----------------------------------------------------------------- hooks of the loop
+    def _generate(self, max_new_tokens: int) -> Any:
+        if self.stop_requested:  # stopped before the reply began
+            return _Stopped([], "", INTERRUPTED)
+        self._unshown = []
+        g = self.session.generate(
+            max_new_tokens, sampling=self.config.sampling(), stop=list(self.config.stop), on_token=self._token
         )
+        if self._unshown and self.on_text is not None:
+            self.on_text(self.render.decode(self._unshown))
+        return g
 
-    # ----------------------------------------------------------------- the patch
-    def _diff(self) -> str | None:
-        try:
-            return self.env.diff()
-        except Exception as e:
-            self._say(f"cannot compute the diff: {type(e).__name__}: {e}", "red")
-            return None
+    def _token(self, token: int) -> bool:
+        if self.on_text is not None:
+            self._unshown.append(int(token))
+            piece = self.render.decode(self._unshown)
+            if not piece.endswith("\ufffd"):
+                self.on_text(piece)
+                self._unshown = []
+        return self.stop_requested
 
-    def _show_diff(self, patch: str | None) -> None:
-        if patch is None:
-            return
-        if not patch:
-            self._say("no changes yet", "dim")
-            return
-        from rich.syntax import Syntax
-
-        self.console.print(Syntax(patch, "diff", theme="ansi_dark", background_color="default"))
-
-    def save(self, path: str) -> Path | None:
-        from kvagent.fileio import atomic_write_text
-
-        if not path:
-            self._say("usage: /save FILE", "yellow")
-            return None
-        patch = self._diff()
-        if patch is None:
-            return None
-        target = Path(path).expanduser()
-        try:
-            atomic_write_text(target, patch)
-        except OSError as e:
-            self._say(f"cannot write {target}: {e.strerror or e}; pick another path", "red")
-            return None
-        note = "" if patch else " (empty: no changes yet)"
-        self._say(f"patch written to {target}{note}", "green")
-        return target
-
-    def _offer_patch(self) -> None:
-        """At the end: the copy is about to go, so offer to show and keep the agent's changes."""
-        patch = self._diff()
-        if not patch:
-            return
-        files = sum(1 for line in patch.splitlines() if line.startswith("diff --git "))
-        try:
-            key = self.read_key(f"the agent changed {files} file(s); show the patch? [y/n]: ").strip().lower()
-            if key == "y":
-                self._show_diff(patch)
-            path = self.read_line("save the patch to (Enter = don't save): ").strip()
-        except (EOFError, KeyboardInterrupt):
-            self.console.print()
-            return
-        if path:
-            self.save(path)
-
-    # ----------------------------------------------------------------- Ctrl-C
-    def interrupt(self) -> None:
-        """What Ctrl-C does while the model runs: end the current reply at the next token."""
-        self._stop = True
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        self.interrupt()
-
-    @contextlib.contextmanager
-    def _sigint(self, raising: bool) -> Iterator[None]:
-        if not self.handle_sigint or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        old = signal.signal(signal.SIGINT, signal.default_int_handler if raising else self._on_sigint)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, old)
-
-
-def run_chat(
-    *,
-    repo: str,
-    model: str,
-    cache_config: Any,
-    agent_config: AgentConfig,
-    approval: str = "confirm",
-    device: str = "auto",
-    dtype: str = "auto",
-    console: Console | None = None,
-) -> ChatSession:
-    """`kvagent chat`: validate, load the model, copy the repository into a sandbox, then chat."""
-    from kvagent.agent.runner import sandbox_spec
-    from kvagent.runtime import Engine
-    from kvagent.sandbox import open_sandbox
-
-    if approval not in APPROVALS:
-        raise ConfigError(f"approval: got {approval!r}; choose one of {', '.join(APPROVALS)}")
-    spec = sandbox_spec(repo, None)
-    config = agent_config
-    console = console or Console()
-    console.print(Text(f"loading model {model} ...", style="dim"))
-    engine = Engine.load(model, device=device, dtype=dtype)
-    session = engine.session(cache_config)
-    check_prompt_fits(engine.tokenizer, cache_config, config.prompt_style)
-    with open_sandbox(**spec) as sandbox:
-        console.print(
-            Text(
-                f"working on a copy of {spec['repo']} (your checkout is never edited) | "
-                f"{cache_config.label()} | approval: {approval}",
-                style="dim",
-            )
-        )
-        chat = ChatSession(
-            session,
-            sandbox,
-            engine.tokenizer,
-            config,
-            approval=approval,
-            console=console,
-            budget=cache_config.budget if cache_config.evicts else None,
-            buffer=cache_config.buffer,
-        )
-        chat.run()
-    if chat.error:
-        raise KvagentError(f"chat ended on an error: {chat.error}")
-    return chat
+    def _run_tool(self, call: ToolCall) -> Any:
+        with self.guard_tool() if self.guard_tool is not None else contextlib.nullcontext():
+            if self.stop_requested:  # stopped between the reply and the call: it does not start
+                raise KeyboardInterrupt
+            # Stays True if the call is interrupted, so `ask` can say the call did not finish.
+            self.tool_running = True
+            result = super()._run_tool(call)
+            self.tool_running = False
+            return result

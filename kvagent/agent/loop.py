@@ -109,7 +109,7 @@ class Agent:
         self.turns: list[Turn] = []
         self.prompt_tokens = 0
         self._last_reply_ids: list[int] = []
-        self._first_step = 0  # turns before the current request (chat); step limits count from here
+        self.first_step = 0  # turns before the current request (chat); step limits count from here
 
     def run(self, issue_text: str) -> EpisodeResult:
         if self.messages or self.turns:
@@ -146,7 +146,7 @@ class Agent:
     def follow_up(self, text: str) -> str | None:
         """Chat: append a new user request after the last reply (same framing as an observation) and
         count steps afresh from here. None, or "context_limit" if it does not fit."""
-        self._first_step = len(self.turns)
+        self.first_step = len(self.turns)
         text = with_steps_notice(text, self._notice())
         status = self._feed(self.render.observation_ids(text, self._last_reply_ids))
         if status is None:
@@ -165,7 +165,7 @@ class Agent:
             self._act(turn)
             if turn.call and turn.call["name"] == FINISH_TOOL:
                 return "submitted"
-            if len(self.turns) - self._first_step >= self.config.max_steps:
+            if len(self.turns) - self.first_step >= self.config.max_steps:
                 return "step_limit"
             status = self._observe(turn)
             if status is not None:
@@ -190,8 +190,7 @@ class Agent:
         turn = Turn(step=len(self.turns) + 1)
         self.turns.append(turn)
         t = time.perf_counter()
-        max_new = min(self.config.max_new_tokens, self._room())
-        g = self.session.generate(max_new, sampling=self.config.sampling(), stop=list(self.config.stop))
+        g = self._generate(min(self.config.max_new_tokens, self._room()))
         turn.generate_s = time.perf_counter() - t
         self._last_reply_ids = [int(i) for i in g.ids]
         turn.reply = self.render.decode(self._last_reply_ids)  # the stream's text, not a re-tokenisable copy
@@ -215,9 +214,18 @@ class Agent:
             turn.observation = declined
             return
         t = time.perf_counter()
-        result = self.env.run_tool(call.name, call.params, timeout=self.config.command_timeout)
+        result = self._run_tool(call)
         turn.tool_s = time.perf_counter() - t
         turn.observation = tool_observation(call.name, result, self.config.command_timeout)
+
+    # Hooks for variants (chat): how a reply is generated and how a call runs.
+    def _generate(self, max_new_tokens: int) -> Any:
+        return self.session.generate(
+            max_new_tokens, sampling=self.config.sampling(), stop=list(self.config.stop)
+        )
+
+    def _run_tool(self, call: ToolCall) -> Any:
+        return self.env.run_tool(call.name, call.params, timeout=self.config.command_timeout)
 
     def _observe(self, turn: Turn) -> str | None:
         text = with_steps_notice(turn.observation or "", self._notice())
@@ -245,7 +253,7 @@ class Agent:
     def _notice(self) -> str:
         c = self.config
         return steps_notice(
-            len(self.turns) - self._first_step, c.max_steps, c.soft_step_limit, c.urge_remaining
+            len(self.turns) - self.first_step, c.max_steps, c.soft_step_limit, c.urge_remaining
         )
 
     def _record_cache(self, turn: Turn) -> None:

@@ -1,4 +1,4 @@
-"""Entry point for the CLI and the eval runner: one episode from an engine and an environment."""
+"""One episode from an engine and an environment (what `kvagent solve` and the eval runner run)."""
 
 from __future__ import annotations
 
@@ -45,21 +45,12 @@ def _as_dict(obj: Any) -> Any:
     return obj.to_dict() if hasattr(obj, "to_dict") else obj
 
 
-def check_prompt_fits(tokenizer: Any, cache_config: Any, prompt_style: str, issue_text: str = "") -> None:
-    """With protect=prompt the whole first prompt is kept, so a budget at or below its length could
-    only fail at the first append (after a sandbox was opened); refuse up front instead."""
+def first_prompt_length(tokenizer: Any, issue_text: str, prompt_style: str) -> int:
+    """Tokens of an episode's first prompt (system + instance prompt, before any step notice): what
+    protect=prompt keeps, for checking a budget before a sandbox is opened."""
     from kvagent.agent.prompts import instance_prompt, system_prompt
     from kvagent.agent.render import ChatMLRenderer
-    from kvagent.errors import ConfigError
 
-    budget = getattr(cache_config, "budget", None)
-    if not (cache_config.evicts and cache_config.protect == "prompt" and isinstance(budget, int)):
-        return
-    length = len(
+    return len(
         ChatMLRenderer(tokenizer).prompt_ids(system_prompt(), instance_prompt(issue_text, prompt_style))
     )
-    if budget <= length:
-        raise ConfigError(
-            f"budget: {budget} but protect=prompt keeps the whole first prompt (at least {length} tokens "
-            f"with this model), so nothing could be evicted; pass --budget above {length} or --protect sink"
-        )

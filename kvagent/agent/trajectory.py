@@ -52,7 +52,9 @@ def write_trajectory(path: str | Path, result: EpisodeResult, meta: Mapping[str,
     return write_json_atomic(path, trajectory_dict(result, meta))
 
 
-def load_trajectory(path: str | Path) -> dict[str, Any]:
+def load_trajectory(path: str | Path, any_format: bool = False) -> dict[str, Any]:
+    """The one reader of trajectory files. `any_format`: any JSON object with a `messages` list
+    (other scaffolds' episodes), not only kvagent's own format."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -62,15 +64,20 @@ def load_trajectory(path: str | Path) -> dict[str, Any]:
         raise KvagentError(
             f"trajectory {path} is not valid JSON ({e.msg} at line {e.lineno}); rerun the episode"
         ) from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if any_format:
+        if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+            raise KvagentError(f"{path} has no `messages` list; expected a trajectory JSON")
+    elif not isinstance(data, dict) or data.get("format") != FORMAT:
         raise KvagentError(f"{path} is not a kvagent trajectory (expected format {FORMAT!r})")
     return data
 
 
-def iter_trajectories(directory: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+def iter_trajectories(
+    directory: str | Path, any_format: bool = False
+) -> Iterator[tuple[Path, dict[str, Any]]]:
     """Every `*.traj.json` under `directory`, sorted by path."""
     directory = Path(directory)
     if not directory.is_dir():
         raise KvagentError(f"{directory} is not a directory of trajectories")
     for path in sorted(directory.rglob(f"*{SUFFIX}")):
-        yield path, load_trajectory(path)
+        yield path, load_trajectory(path, any_format)

@@ -115,16 +115,12 @@ def from_messages(name: str, messages: list[dict[str, Any]], plant: bool = True,
     return Episode(name=name, messages=msgs, probe=probe, meta=dict(meta or {}))
 
 
-def load_json_episode(path: Path, plant: bool = True) -> Episode:
-    """A kvagent trajectory (`format: kvagent.trajectory/1`) or any `{"messages": [...]}` JSON."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"episodes: {path} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"episodes: {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-        raise ConfigError(f"episodes: {path} has no `messages` list; expected a trajectory JSON")
+def load_json_episode(path: Path, plant: bool = True, data: dict[str, Any] | None = None) -> Episode:
+    """A kvagent trajectory (`format: kvagent.trajectory/1`) or any `{"messages": [...]}` JSON
+    (`data`: the file, already read)."""
+    from kvagent.agent.trajectory import load_trajectory
+
+    data = load_trajectory(path, any_format=True) if data is None else data
     name = path.name.removesuffix(".json").removesuffix(".traj")
     return from_messages(name, data["messages"], plant=plant, meta={"source": str(path)})
 
@@ -160,78 +156,3 @@ def truncate_messages(messages: list[dict[str, str]], max_chars: int) -> list[di
         out.append(m)
         assistants += m["role"] == "assistant"
     return out
-
-
-def _parse_opts(text: str, spec: str) -> dict[str, str]:
-    opts: dict[str, str] = {}
-    for part in filter(None, text.split(",")):
-        if "=" not in part:
-            raise ConfigError(f"episodes: option {part!r} in {spec!r} is not KEY=VALUE")
-        k, v = part.split("=", 1)
-        opts[k.strip()] = v.strip()
-    return opts
-
-
-def _int_opt(opts: dict[str, str], key: str, spec: str, default: int | None) -> int | None:
-    if key not in opts:
-        return default
-    try:
-        return int(opts.pop(key))
-    except ValueError:
-        raise ConfigError(f"episodes: {key} in {spec!r} must be an integer") from None
-
-
-def load_episodes(specs: list[str]) -> list[Episode]:
-    """Each spec is `gen[:seed=N,turns=T,repo=DIR,fact_turn=F,prompt=agent|compact]`, `FILE.jsonl[:first=N,ids=a|b,max_chars=C]`,
-    `FILE.json[:max_chars=C]` or a directory of `*.traj.json`. `plant=0` leaves external episodes
-    without a planted fact (and probe)."""
-    episodes: list[Episode] = []
-    for spec in specs:
-        spec = spec.strip()
-        if not spec:
-            continue
-        head, _, tail = spec.partition(":")
-        opts = _parse_opts(tail, spec)
-        plant = opts.pop("plant", "1") not in ("0", "false", "no")
-        max_chars = _int_opt(opts, "max_chars", spec, None)
-        if head in ("gen", "generated"):
-            from kvagent.bench.generator import generate_episode
-
-            seed = _int_opt(opts, "seed", spec, 0)
-            turns = _int_opt(opts, "turns", spec, 24)
-            fact_turn = _int_opt(opts, "fact_turn", spec, 2)
-            repo = opts.pop("repo", None)
-            prompt = opts.pop("prompt", "agent")
-            if opts:
-                raise ConfigError(f"episodes: unknown option(s) {', '.join(opts)} in {spec!r}")
-            eps = [generate_episode(seed=seed, turns=turns, fact_turn=fact_turn, repo=repo, prompt=prompt)]
-        else:
-            path = Path(head).expanduser()
-            if path.is_dir():
-                files = sorted(path.rglob("*.traj.json"))
-                if not files:
-                    raise ConfigError(f"episodes: no *.traj.json under {path}")
-                eps = [load_json_episode(p, plant) for p in files]
-            elif path.suffix == ".jsonl":
-                first = _int_opt(opts, "first", spec, None)
-                ids = set(opts.pop("ids").split("|")) if "ids" in opts else None
-                eps = load_jsonl_episodes(path, first=first, ids=ids, plant=plant)
-            elif path.suffix == ".json":
-                eps = [load_json_episode(path, plant)]
-            elif not path.exists():
-                raise ConfigError(
-                    f"episodes: {spec!r} is neither `gen[:...]` nor an existing file or directory"
-                )
-            else:
-                raise ConfigError(
-                    f"episodes: {path} must be a .json trajectory, a .jsonl file or a directory"
-                )
-            if opts:
-                raise ConfigError(f"episodes: unknown option(s) {', '.join(opts)} in {spec!r}")
-        if max_chars:
-            for e in eps:
-                e.messages = truncate_messages(e.messages, max_chars)
-        episodes.extend(eps)
-    if not episodes:
-        raise ConfigError("episodes: no episode given; use e.g. --episodes gen:seed=0")
-    return episodes

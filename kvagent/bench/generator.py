@@ -10,7 +10,9 @@ from __future__ import annotations
 import random
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kvagent.bench.episodes import DEFAULT_FACT, Episode, default_probe, render_tool_call
 from kvagent.bench.fixture_repo import BUGGY_LINE, FIXED_LINE, ISSUE, write_fixture_repo
@@ -170,14 +172,20 @@ def _clean(text: str, workdir: str) -> str:
 
 
 def generate_episode(
-    seed: int = 0, turns: int = 24, fact_turn: int = 2, repo: str | None = None, prompt: str = "agent"
+    seed: int = 0,
+    turns: int = 24,
+    fact_turn: int = 2,
+    repo: str | None = None,
+    prompt: str = "agent",
+    *,
+    open_env: Callable[[Path], Any] | None = None,
 ) -> Episode:
     """A `turns`-call episode (>= 10) over the built-in fixture repo, or over `repo` (any directory,
     e.g. an unpacked Flask sdist; then the calls are generic exploration). `prompt`: the agent's
-    system prompt, or `compact` (COMPACT_SYSTEM)."""
+    system prompt, or `compact` (COMPACT_SYSTEM). The calls really run, in `open_env(repo_dir)`: a
+    sandbox (context manager) over a copy of the repository, e.g. a local one."""
     from kvagent.agent.observation import tool_observation
     from kvagent.agent.prompts import instance_prompt, system_prompt
-    from kvagent.sandbox import open_sandbox
 
     if turns < MIN_TURNS:
         raise ConfigError(f"episodes: turns={turns} is too short; use turns >= {MIN_TURNS}")
@@ -185,6 +193,8 @@ def generate_episode(
         raise ConfigError(f"episodes: prompt={prompt!r}; choose one of {', '.join(PROMPTS)}")
     if fact_turn < 0:
         raise ConfigError(f"episodes: fact_turn must be >= 0, got {fact_turn}")
+    if open_env is None:
+        raise ConfigError("episodes: a generated episode runs its calls in a sandbox; pass open_env")
     rng = random.Random(seed)
     value = fact_value(seed)
     with tempfile.TemporaryDirectory(prefix="kvagent-bench-repo-") as tmp:
@@ -200,7 +210,7 @@ def generate_episode(
             {"role": "system", "content": system_prompt() if prompt == "agent" else COMPACT_SYSTEM},
             {"role": "user", "content": instance_prompt(issue, repo_dir=REPO_DIR)},
         ]
-        with open_sandbox(backend="local", repo=src) as sb:
+        with open_env(src) as sb:
             sb.write(NOTES_PATH, _notes(value))
             for key, tool, params in _script(rng, turns, fact_turn, fixture=repo is None):
                 thought = rng.choice(_THOUGHTS[key])

@@ -5,11 +5,11 @@ tokens and wall time on a generated episode. Every number comes from one run, si
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from kvagent.errors import ConfigError
 from kvagent.runtime.config import CacheConfig
 
 
@@ -23,7 +23,9 @@ def _ids(gen: torch.Generator, n: int, vocab: int) -> list[int]:
     return torch.randint(0, max(2, vocab - 512), (n,), generator=gen).tolist()
 
 
-def speed_config(policy: str, budget: int | None, buffer: int) -> CacheConfig:
+def speed_config(
+    policy: str, budget: int | None, buffer: int, policy_args: dict | None = None
+) -> CacheConfig:
     # protect=sink: the synthetic stream has no prompt worth protecting, and the budget need not
     # exceed a prompt length.
     return CacheConfig(
@@ -32,6 +34,7 @@ def speed_config(policy: str, budget: int | None, buffer: int) -> CacheConfig:
         buffer=buffer,
         protect="sink",
         scope="prefill+decode",
+        policy_args=dict(policy_args or {}),
     )
 
 
@@ -44,10 +47,11 @@ def decode_latency(
     steps: int = 256,
     seed: int = 0,
     progress=None,
+    policy_args: dict | None = None,
 ) -> list[dict]:
     """One session grows through `lengths`; at each, `steps` decode steps are timed (eviction rounds
     that fire during them included, so per-step time is the amortised cost)."""
-    s = engine.session(speed_config(policy, budget, buffer))
+    s = engine.session(speed_config(policy, budget, buffer, policy_args))
     gen = torch.Generator().manual_seed(seed)
     vocab = engine.model.config.vocab_size
     rows = []
@@ -87,13 +91,15 @@ def decode_latency(
     return rows
 
 
-def episode_cost(engine, stream, policy: str, budget: int, buffer: int = 128) -> list[dict]:
+def episode_cost(engine, stream, policy: str, budget: int, buffer: int = 128, policy_args=None) -> list[dict]:
     """Prefill tokens, wall time and KV bytes of one episode, persistent vs reprefill."""
     from kvagent.bench.replay import replay
 
     rows = []
     for mode in ("persistent", "reprefill"):
-        cfg = CacheConfig(policy=policy, budget=budget, buffer=buffer, mode=mode)
+        cfg = CacheConfig(
+            policy=policy, budget=budget, buffer=buffer, mode=mode, policy_args=dict(policy_args or {})
+        )
         res = replay(engine, stream, cfg, lambda *a: None, probe=False)
         st = res.stats
         rows.append(
@@ -207,35 +213,31 @@ def plot_speed(lat: list[dict], path: Path) -> Path:
     return out
 
 
-def speed_command(model, policies, lengths, budget, buffer, steps, episode, device, out, quiet) -> dict:
+def run_speed(
+    engine,
+    model_name: str,
+    policies: Sequence[str],
+    lengths: Sequence[int],
+    budget: int,
+    buffer: int,
+    steps: int,
+    stream,
+    out_dir: str | Path,
+    policy_args: dict[str, dict] | None = None,
+    progress=None,
+) -> dict:
+    """Decode latency of every policy at every length, then persistent vs reprefill on `stream` for the
+    first evicting policy; writes speed.json, speed.md and speed.png into `out_dir`."""
     import datetime
 
-    from kvagent.bench.cli_support import load_engine
-    from kvagent.bench.progress import Progress
+    from kvagent.bench.progress import NoProgress
     from kvagent.fileio import atomic_write_json, atomic_write_text
-    from kvagent.options import split_list
-    from kvagent.runtime.policies import available
+    from kvagent.runtime.budget import roomy_budget
 
-    pols = split_list(policies, "policies")
-    for p in pols:
-        if p not in available():
-            raise ConfigError(f"policies: unknown policy {p!r}; choose from {', '.join(available())}")
-    try:
-        lens = sorted({int(x) for x in split_list(lengths, "lengths")})
-    except ValueError:
-        raise ConfigError(f"lengths: {lengths!r} must be comma-separated integers") from None
-    if lens[0] < 1 or budget < 1 or buffer < 1 or steps < 1:
-        raise ConfigError("lengths, budget, buffer and steps must be >= 1")
-    if "nexus" in pols and budget % 32:
-        raise ConfigError(f"budget: nexus needs a multiple of 32, got {budget}")
-    if device not in ("auto", "cpu") and not device.startswith("cuda"):
-        raise ConfigError(f"device: got {device!r}; use auto, cpu or cuda")
-    from kvagent.bench.episodes import load_episodes
-
-    episodes = load_episodes([episode])
-    engine = load_engine(model, device=device)
+    args = policy_args or {}
+    progress = progress or NoProgress()
     meta = {
-        "model": model,
+        "model": model_name,
         "device": str(engine.device),
         "dtype": str(engine.dtype).removeprefix("torch."),
         "budget": budget,
@@ -246,22 +248,16 @@ def speed_command(model, policies, lengths, budget, buffer, steps, episode, devi
     }
     lat: list[dict] = []
     episode: list[dict] = []
-    with Progress(enabled=not quiet) as prog:
-        bar = prog.task("decode latency", len(pols) * len(lens))
-        for p in pols:
-            lat += decode_latency(engine, p, lens, budget, buffer, steps, progress=bar.advance)
-        evicting = [p for p in pols if p != "full"]
-        if evicting:
-            from kvagent.bench.stream import build_stream
-
-            stream = build_stream(episodes[0], engine.tokenizer)
-            k = max(budget, (stream.prompt_length // 32 + 4) * 32)  # protect=prompt needs K > prompt
-            episode = episode_cost(engine, stream, evicting[0], k, buffer)
-    outp = Path(out)
-    atomic_write_json(outp / "speed.json", {"meta": meta, "decode": lat, "episode": episode})
-    md = speed_markdown(lat, episode, meta)
-    atomic_write_text(outp / "speed.md", md)
-    plot_speed(lat, outp / "speed.png")
-    print(md)
-    print(f"wrote {outp / 'speed.json'}, speed.md, speed.png")
+    bar = progress.task("decode latency", len(policies) * len(lengths))
+    for p in policies:
+        lat += decode_latency(engine, p, list(lengths), budget, buffer, steps, progress=bar.advance,
+                              policy_args=args.get(p))  # fmt: skip
+    evicting = [p for p in policies if p != "full"]
+    if evicting:
+        k = max(budget, roomy_budget(stream.prompt_length))  # protect=prompt needs K > prompt
+        episode = episode_cost(engine, stream, evicting[0], k, buffer, policy_args=args.get(evicting[0]))
+    out = Path(out_dir)
+    atomic_write_json(out / "speed.json", {"meta": meta, "decode": lat, "episode": episode})
+    atomic_write_text(out / "speed.md", speed_markdown(lat, episode, meta))
+    plot_speed(lat, out / "speed.png")
     return {"meta": meta, "decode": lat, "episode": episode}

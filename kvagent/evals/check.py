@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from kvagent.evals.datasets import Instance
 
 CHECKS = ("builds", "f2p_fail_before", "empty_fails", "gold_resolves")
 Log = Callable[[str], None]
+OpenImage = Callable[[str], AbstractContextManager[Any]]  # image tag -> a fresh sandbox of it
 
 
 def _quiet(_: str) -> None:
@@ -36,12 +38,13 @@ def _status(details: Mapping[str, Any], key: str, part: str) -> list[str]:
     return list(((details.get("tests_status") or {}).get(key) or {}).get(part) or [])
 
 
-def _grade(instance: Instance, patch: str, tag: str, recipes: Any, timeout: int, logs: Path | None) -> dict:
-    from kvagent.evals.grading import grade_in_sandbox
-    from kvagent.sandbox import open_sandbox
+def _grade(instance: Instance, patch: str, open_image: OpenImage, tag: str, recipes: Any, timeout: int,
+           logs: Path | None) -> dict:  # fmt: skip
+    from kvagent.evals.grading import grade_instance
 
-    with open_sandbox("docker", image=tag, labels={"kvagent.role": "check"}) as sb:
-        return grade_in_sandbox(instance, patch, sb, timeout=timeout, log_dir=logs, recipes=recipes)
+    return grade_instance(
+        instance, patch, open_env=lambda _: open_image(tag), timeout=timeout, log_dir=logs, recipes=recipes
+    )
 
 
 def judge(empty: Mapping[str, Any], gold: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -76,14 +79,17 @@ def judge(empty: Mapping[str, Any], gold: Mapping[str, Any] | None) -> dict[str,
 def check_instance(
     instance: Instance,
     *,
+    open_image: OpenImage,
     recipes: Mapping[str, Any] | None = None,
     rebuild: bool = False,
     timeout: int = 1800,
     out_dir: str | Path | None = None,
     log: Log = _quiet,
 ) -> dict[str, Any]:
-    """Build and grade one instance twice; returns {check: bool, 'ok', 'reasons', 'spec', ...}."""
-    from kvagent.evals.images import build_instance_image, load_recipes, recipe_for
+    """Build and grade one instance twice, each time in a fresh sandbox `open_image(tag)` of the built
+    image; returns {check: bool, 'ok', 'reasons', 'spec', ...}."""
+    from kvagent.evals.images import build_instance_image
+    from kvagent.evals.recipe import load_recipes, recipe_for
     from kvagent.evals.recipe_steps import describe, steps_of
     from kvagent.evals.specs import harness_spec
 
@@ -112,9 +118,11 @@ def check_instance(
             return report
         report["builds"], report["image"] = True, tag
         log(f"{instance.instance_id}: grading the empty patch")
-        empty = _grade(instance, "", tag, recipes, timeout, logs / "empty" if logs else None)
+        empty = _grade(instance, "", open_image, tag, recipes, timeout, logs / "empty" if logs else None)
         log(f"{instance.instance_id}: grading the gold patch")
-        gold = _grade(instance, instance.patch, tag, recipes, timeout, logs / "gold" if logs else None)
+        gold = _grade(
+            instance, instance.patch, open_image, tag, recipes, timeout, logs / "gold" if logs else None
+        )
         verdict = judge(empty, gold)
         report["reasons"] += verdict.pop("reasons")
         report.update(verdict)

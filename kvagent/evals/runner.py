@@ -10,7 +10,6 @@ A run without a record in runs.jsonl is (re)done on the next invocation; one wit
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -24,40 +23,41 @@ from kvagent.agent.config import AgentConfig
 from kvagent.agent.solve import solve_episode
 from kvagent.errors import KvagentError
 from kvagent.evals.datasets import Instance
-from kvagent.fileio import append_jsonl, atomic_write_text
+from kvagent.fileio import append_jsonl, atomic_write_text, read_jsonl
+from kvagent.runspec import DEFAULT_PROTECT, DEFAULT_SCOPE, RunSpec, sweep
 
 RUNS_FILE = "runs.jsonl"
-# `full` never evicts, so persistent and reprefill are the same computation: run it once and
-# record it under every requested mode.
-CANONICAL_DENSE_MODE = "persistent"
-
-
-def budget_label(budget: int | float | None) -> str:
-    return "dense" if budget is None else f"K{budget}"
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class EvalRun:
+    """One episode of a sweep: a run spec on an instance."""
+
     instance_id: str
-    policy: str
-    mode: str
-    budget: int | float | None
-    seed: int
+    spec: RunSpec
 
     @property
-    def config_label(self) -> str:
-        return f"{self.policy}__{self.mode}__{budget_label(self.budget)}"
+    def label(self) -> str:
+        return self.spec.label
 
     @property
     def run_id(self) -> str:
-        return f"{self.instance_id}__{self.config_label}__s{self.seed}"
+        return f"{self.instance_id}__{self.spec.label}__s{self.spec.seed}"
 
     @property
-    def canonical(self) -> RunSpec:
+    def canonical(self) -> EvalRun:
         """The run whose result this one reuses (itself, except for dense runs in other modes)."""
-        if self.policy == "full" and self.mode != CANONICAL_DENSE_MODE:
-            return replace(self, mode=CANONICAL_DENSE_MODE)
-        return self
+        return replace(self, spec=self.spec.canonical)
+
+    def meta(self) -> dict[str, Any]:
+        s = self.spec
+        return {
+            "instance_id": self.instance_id,
+            "policy": s.policy,
+            "mode": s.mode,
+            "budget": s.budget,
+            "seed": s.seed,
+        }
 
 
 def plan_runs(
@@ -66,35 +66,31 @@ def plan_runs(
     modes: Sequence[str],
     budgets: Sequence[int | float | None],
     seeds: Sequence[int],
-) -> list[RunSpec]:
-    """Every (instance, seed, policy, mode, budget), `full` once per mode with no budget."""
+    *,
+    policy_args: Mapping[str, Mapping[str, Any]] | None = None,
+    **cache_options: Any,
+) -> list[EvalRun]:
+    """Every (instance, seed, policy, mode, budget), `full` once per mode with no budget; the specs
+    are checked before any run starts. `cache_options`: buffer, scope, protect, window."""
     if not instance_ids:
         raise KvagentError("eval: no instances selected; check --dataset and --instances")
-    evicting = [b for b in budgets if b is not None]
-    if any(p != "full" for p in policies) and not evicting:
+    if any(p != "full" for p in policies) and not [b for b in budgets if b is not None]:
         raise KvagentError("eval: evicting policies need at least one --budgets value (e.g. 1024)")
-    specs: list[RunSpec] = []
-    for iid in instance_ids:
-        for seed in seeds:
-            for policy in policies:
-                for mode in modes:
-                    for budget in [None] if policy == "full" else evicting:
-                        specs.append(RunSpec(iid, policy, mode, budget, seed))
-    return list(dict.fromkeys(specs))
+    scope, protect = cache_options.pop("scope", DEFAULT_SCOPE), cache_options.pop("protect", DEFAULT_PROTECT)
+    specs = sweep(policies, modes, budgets, seeds, scopes=[scope], protects=[protect],
+                  policy_args={k: dict(v) for k, v in (policy_args or {}).items()}, **cache_options)  # fmt: skip
+    return [EvalRun(iid, spec) for iid in instance_ids for spec in specs]
 
 
 def load_records(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """Finished runs by run_id. A torn last line (writer killed mid-write) is ignored: that run is
-    simply redone."""
+    """Finished runs by run_id (the first record of each)."""
     path = run_dir / RUNS_FILE
     records: dict[str, dict[str, Any]] = {}
     if not path.exists():
         return records
-    for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            rec = json.loads(line)
-            if isinstance(rec, dict) and "run_id" in rec:
-                records.setdefault(rec["run_id"], rec)
+    for _, rec in read_jsonl(path):
+        if isinstance(rec, dict) and "run_id" in rec:
+            records.setdefault(rec["run_id"], rec)
     return records
 
 
@@ -107,12 +103,10 @@ class EvalRunner:
     instances: Mapping[str, Instance]
     open_env: Callable[[Instance], Any]  # -> context manager yielding a Sandbox
     agent_config: AgentConfig = field(default_factory=AgentConfig)
-    cache_options: Mapping[str, Any] = field(default_factory=dict)  # buffer, scope, protect, window
-    policy_args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per policy
     grade: Callable[[Instance, str, Path], Mapping[str, Any]] | None = None
     model_name: str = "kvagent"
     workers: int = 1
-    on_update: Callable[[str, RunSpec, dict[str, Any] | None], None] | None = None
+    on_update: Callable[[str, EvalRun, dict[str, Any] | None], None] | None = None
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -121,11 +115,11 @@ class EvalRunner:
             raise KvagentError(f"workers: must be >= 1, got {self.workers}")
 
     # -------------------------------------------------------------------- orchestration
-    def pending(self, specs: Iterable[RunSpec]) -> list[RunSpec]:
+    def pending(self, specs: Iterable[EvalRun]) -> list[EvalRun]:
         done = load_records(self.run_dir)
         return [s for s in specs if s.run_id not in done]
 
-    def run(self, specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
+    def run(self, specs: Sequence[EvalRun]) -> list[dict[str, Any]]:
         """Run what is not finished yet; returns the records of all `specs`."""
         unknown = sorted({s.instance_id for s in specs} - set(self.instances))
         if unknown:
@@ -141,7 +135,7 @@ class EvalRunner:
         self.write_predictions(records.values())
         return [records[s.run_id] for s in specs if s.run_id in records]
 
-    def _execute(self, specs: list[RunSpec]) -> Iterator[tuple[RunSpec, dict[str, Any]]]:
+    def _execute(self, specs: list[EvalRun]) -> Iterator[tuple[EvalRun, dict[str, Any]]]:
         if self.workers == 1:
             # In the calling thread, so Ctrl-C stops the episode at once.
             for spec in specs:
@@ -161,13 +155,13 @@ class EvalRunner:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _store(self, spec: RunSpec, record: dict[str, Any]) -> None:
+    def _store(self, spec: EvalRun, record: dict[str, Any]) -> None:
         with self._lock:
             append_jsonl(self.run_dir / RUNS_FILE, record)
         if self.on_update:
             self.on_update("done", spec, record)
 
-    def _derive(self, todo: Sequence[RunSpec]) -> None:
+    def _derive(self, todo: Sequence[EvalRun]) -> None:
         """Record dense runs of other modes from their canonical run."""
         records = load_records(self.run_dir)
         for spec in todo:
@@ -176,28 +170,17 @@ class EvalRunner:
             base = records.get(spec.canonical.run_id)
             if base is None:
                 continue
-            derived = {**base, "run_id": spec.run_id, "mode": spec.mode, "config": spec.config_label}
+            derived = {**base, "run_id": spec.run_id, "mode": spec.spec.mode, "config": spec.label}
             derived["derived_from"] = base["run_id"]
             self._store(spec, derived)
 
     # -------------------------------------------------------------------- one run
-    def cache_config(self, spec: RunSpec) -> Any:
-        from kvagent.runtime import CacheConfig
-
-        return CacheConfig(
-            policy=spec.policy,
-            budget=spec.budget,
-            mode=spec.mode,
-            seed=spec.seed,
-            policy_args=dict(self.policy_args.get(spec.policy, {})),
-            **self.cache_options,
-        )
-
-    def run_one(self, spec: RunSpec) -> dict[str, Any]:
+    def run_one(self, run: EvalRun) -> dict[str, Any]:
         if self.on_update:
-            self.on_update("start", spec, None)
-        instance = self.instances[spec.instance_id]
-        trajectory = self.run_dir / "trajectories" / f"{spec.run_id}.traj.json"
+            self.on_update("start", run, None)
+        spec = run.spec
+        instance = self.instances[run.instance_id]
+        trajectory = self.run_dir / "trajectories" / f"{run.run_id}.traj.json"
         started = time.time()
         result = None
         error = None
@@ -207,22 +190,22 @@ class EvalRunner:
                     self.engine,
                     env,
                     instance.problem_statement,
-                    cache_config=self.cache_config(spec),
+                    cache_config=spec.cache_config(),
                     config=replace(self.agent_config, seed=spec.seed),
                     trajectory_path=trajectory,
-                    meta={"run_id": spec.run_id, "instance_id": spec.instance_id, "spec": spec.__dict__},
+                    meta={"run_id": run.run_id, "instance_id": run.instance_id, "spec": run.meta()},
                 )
         except KvagentError as e:
             error = str(e)  # e.g. a missing image: recorded, and the batch goes on
         patch = result.patch if result is not None else ""
         grading: Mapping[str, Any] = {}
         if self.grade is not None and result is not None:
-            grading = self.grade(instance, patch, self.run_dir / "grading" / spec.run_id)
+            grading = self.grade(instance, patch, self.run_dir / "grading" / run.run_id)
         last = _last_cache(result)
         return {
-            "run_id": spec.run_id,
-            "config": spec.config_label,
-            "instance_id": spec.instance_id,
+            "run_id": run.run_id,
+            "config": run.label,
+            "instance_id": run.instance_id,
             "policy": spec.policy,
             "mode": spec.mode,
             "budget": spec.budget,
@@ -261,7 +244,7 @@ class EvalRunner:
             atomic_write_text(self.run_dir / "predictions" / f"{name}.jsonl", text)
 
 
-def _take(it: Iterator[RunSpec], n: int) -> list[RunSpec]:
+def _take(it: Iterator[EvalRun], n: int) -> list[EvalRun]:
     out = []
     for _ in range(n):
         try:

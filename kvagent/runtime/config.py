@@ -15,7 +15,7 @@ SINK_TOKENS = 4
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """How a session's cache is bounded and evicted (DESIGN.md section 1, CacheConfig)."""
+    """How a session's cache is bounded and evicted (docs/architecture.md, runtime)."""
 
     policy: str = "full"
     budget: int | float | None = None  # K; float in (0,1) = fraction of the logical length at the round
@@ -30,12 +30,9 @@ class CacheConfig:
     prefill_chunk: int = 512  # tokens per forward while prefilling (bounds activation memory)
 
     def __post_init__(self) -> None:
-        from kvagent.runtime.policies import available
+        from kvagent.runtime.policies import check_policy
 
-        if self.policy not in available():
-            raise ConfigError(
-                f"policy: unknown policy {self.policy!r}; choose one of {', '.join(available())}"
-            )
+        check_policy(self.policy)
         b = self.budget
         if b is not None:
             if isinstance(b, bool) or not isinstance(b, int | float):
@@ -68,11 +65,6 @@ class CacheConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    def label(self) -> str:
-        """Short human label, e.g. `nexus/persistent/K=2048`."""
-        k = "dense" if not self.evicts else f"K={self.budget}"
-        return f"{self.policy}/{self.mode}/{k}"
 
 
 @dataclass(frozen=True)

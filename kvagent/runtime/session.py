@@ -120,8 +120,12 @@ class Session:
         return self._prefill(ids, evict=evict, all_logits=True, decode=True)
 
     @scheduled
-    def generate(self, max_new_tokens: int, sampling: Sampling | None = None, stop=None) -> Generation:
-        """Sample up to `max_new_tokens` with `step`; every sampled id (the last too) is fed."""
+    def generate(
+        self, max_new_tokens: int, sampling: Sampling | None = None, stop=None, on_token=None
+    ) -> Generation:
+        """Sample up to `max_new_tokens` with `step`; every sampled id (the last too) is fed.
+        `on_token(id)`, if given, sees each id once it is fed; a true return ends the reply there
+        (finish_reason "interrupted", unless it ended anyway): chat streams and stops replies so."""
         if self._last_logits is None:
             raise ConfigError("generate: the session is empty; append a prompt first")
         sampling = sampling or Sampling()
@@ -140,6 +144,7 @@ class Session:
             token = sample_next(logits, sampling, self._sample_gen)
             out.append(token)
             logits = self.step(token)
+            halt = on_token is not None and on_token(token)
             if token in eos:
                 reason = "eos"
                 break
@@ -148,6 +153,9 @@ class Session:
                 if any(s in tail for s in stops):
                     reason = "stop"
                     break
+            if halt:
+                reason = "interrupted"
+                break
         text_ids = out[:-1] if reason == "eos" else out
         return Generation(ids=out, text=tok.decode(text_ids, skip_special_tokens=False), finish_reason=reason)
 
@@ -169,15 +177,9 @@ class Session:
             )
 
     def _check_prompt_fits(self) -> None:
-        c = self.config
-        if not (c.evicts and c.protect == "prompt" and isinstance(c.budget, int)):
-            return
-        smallest = min(self._layer_budgets(self.prompt_length))
-        if self.prompt_length >= smallest:
-            raise ConfigError(
-                f"budget: K={smallest} (smallest layer) but protect=prompt protects all {self.prompt_length} "
-                "prompt tokens, so nothing could be evicted; raise the budget or use protect=sink|none"
-            )
+        from kvagent.runtime.budget import check_prompt_fits
+
+        check_prompt_fits(self.config, self.prompt_length, self.n_layers, self.policy)
 
     def _new_cache(self) -> EvictableCache:
         c = self.config

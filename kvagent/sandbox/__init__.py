@@ -1,4 +1,4 @@
-"""kvagent.sandbox: isolated copies of a repository for agent episodes (DESIGN.md section 2).
+"""kvagent.sandbox: isolated copies of a repository for agent episodes.
 
 with open_sandbox(backend="local", repo="path/to/checkout") as sb:
     sb.run("pytest -x", timeout=90)          # Result(exit_code, output, timed_out)
@@ -36,7 +36,7 @@ def open_sandbox(
     """Open a sandbox. local: `repo` is copied (isolation="auto"|"bwrap"|"none", network=False,
     bind=[host paths shown read-only], bind_rw=[... read-write]; docs/sandbox.md).
     docker: a container of `image` (network=False, mem_limit, pids_limit, setup="auto", repo=None,
-    workdir="/testbed", labels, pull=False)."""
+    workdir="/testbed", labels, pull=False, client=a docker client to reuse)."""
     if backend == "local":
         if repo is None:
             raise SandboxError("the local backend needs repo=PATH (the checkout to copy)")

@@ -57,7 +57,7 @@ def truncation_note(dropped: int) -> bytes:
 
 
 class Sandbox(ABC):
-    """One episode's isolated copy of a repository; see DESIGN.md section 2."""
+    """One episode's isolated copy of a repository (docs/architecture.md, sandbox)."""
 
     workdir: str  # the repository path as commands inside the sandbox see it
     tools_dir: str  # where the tool scripts live inside the sandbox

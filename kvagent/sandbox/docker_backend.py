@@ -82,6 +82,10 @@ def docker_client():
     return client
 
 
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 def _tar(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
     buf = io.BytesIO()
     now = time.time()
@@ -132,6 +136,7 @@ class DockerSandbox(Sandbox):
         workdir: str = "/testbed",
         labels: dict[str, str] | None = None,
         pull: bool = False,
+        client=None,
     ):
         super().__init__()
         self._closed = True  # until the container exists
@@ -139,7 +144,7 @@ class DockerSandbox(Sandbox):
 
         self._errors = docker.errors
         src = check_repo(repo) if repo is not None else None
-        self.client = docker_client()
+        self.client = client or docker_client()
         self.image = image
         self.workdir = workdir.rstrip("/") or "/"
         self.tools_dir = f"{KV_DIR}/tools"
@@ -164,9 +169,11 @@ class DockerSandbox(Sandbox):
             self._closed = False
             _live.add(self)
             self._provision(src)
-        except BaseException:
+        except BaseException as e:
             self._remove(name)
             self._closed = True
+            if isinstance(e, self._errors.DockerException):
+                raise SandboxError(f"docker: {_first_line(e)} (image {image})") from None
             raise
 
     # --- set-up ---------------------------------------------------------------------------------
@@ -256,7 +263,10 @@ class DockerSandbox(Sandbox):
 
     def _exec(self, argv, timeout, max_output=DEFAULT_MAX_OUTPUT, env=None) -> Result:
         self._check_open()
-        return self._exec_raw(argv, timeout, max_output, env, workdir=self.workdir)
+        try:
+            return self._exec_raw(argv, timeout, max_output, env, workdir=self.workdir)
+        except self._errors.DockerException as e:  # e.g. the container died
+            raise SandboxError(f"docker: {_first_line(e)}") from None
 
     def _put(self, dest_dir: str, data: bytes) -> None:
         if not self.container.put_archive(dest_dir, data):

@@ -1,8 +1,10 @@
-"""Build the registry-free test/base image: debootstrap a minimal Debian, then `docker import` it.
+"""Docker images, in one place: looking one up, `docker build` with the network off, and the
+registry-free base image (debootstrap a minimal Debian, then `docker import` it).
 
 Air-gapped clusters have an apt mirror but no Docker registry, so the base image is made from the
 mirror apt already uses. The rootfs tarball is cached under ~/.cache/kvagent so rebuilding after
-`docker rmi` only re-imports it.
+`docker rmi` only re-imports it. Instance images (`kvagent.evals.images`) are built on top of it
+with `build_image`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kvagent.fileio import cache_dir
 from kvagent.sandbox.errors import SandboxError
@@ -65,20 +69,56 @@ def apt_mirror(suite: str = "bookworm", apt_dir: str | Path = "/etc/apt") -> str
     return None
 
 
-def _client():
+def _client(client: Any = None) -> Any:
     from kvagent.sandbox.docker_backend import docker_client
 
-    return docker_client()
+    return client or docker_client()
 
 
-def image_exists(tag: str) -> bool:
+def image_labels(tag: str, client: Any = None) -> dict[str, str] | None:
+    """The labels of a local image, or None when there is no image `tag`."""
     import docker.errors
 
     try:
-        _client().images.get(tag)
-        return True
+        image = _client(client).images.get(tag)
     except docker.errors.ImageNotFound:
-        return False
+        return None
+    return getattr(image, "labels", None) or {}
+
+
+def image_exists(tag: str, client: Any = None) -> bool:
+    return image_labels(tag, client) is not None
+
+
+def build_image(context: str | Path, tag: str, log_path: str | Path, client: Any = None) -> str:
+    """`docker build` of a context directory with the network off, so nothing in the image can
+    depend on a registry; the build's output goes to `log_path`. Returns the tag."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    error = None
+    try:
+        stream = _client(client).api.build(
+            path=str(context), tag=tag, rm=True, forcerm=True, network_mode="none", decode=True
+        )
+        for chunk in stream:
+            if "stream" in chunk:
+                lines.append(chunk["stream"])
+            if "error" in chunk:
+                error = chunk["error"].strip()
+                lines.append(chunk["error"])
+    except SandboxError:
+        raise
+    except Exception as e:  # API errors (bad context, daemon gone)
+        error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    log_path.write_text("".join(lines))
+    if error:
+        tail = [ln.strip() for ln in "".join(lines).splitlines() if ln.strip()]
+        detail = next((ln for ln in reversed(tail) if "rror" in ln and ln != error), "")
+        raise SandboxError(
+            f"building {tag} failed: {error}{' / ' + detail if detail else ''} (log: {log_path})"
+        )
+    return tag
 
 
 def _rootfs_tarball(suite: str, force: bool) -> Path:
@@ -117,28 +157,37 @@ def _rootfs_tarball(suite: str, force: bool) -> Path:
     return out
 
 
-def build_base_image(tag: str = DEFAULT_TAG, force: bool = False, suite: str = "bookworm") -> str:
+def build_base_image(
+    tag: str = DEFAULT_TAG, force: bool = False, suite: str = "bookworm", client: Any = None
+) -> str:
     """Build (or reuse) a minimal Debian image with python3, git and patch; returns the tag.
 
     Skipped when `tag` already exists unless `force`; `force` also redoes debootstrap.
     """
-    if not force and image_exists(tag):
+    if not force and image_exists(tag, client):
         return tag
     tarball = _rootfs_tarball(suite, force)
     repo, _, version = tag.rpartition(":")
     if not repo or "/" in version:  # no explicit tag, e.g. "name" or "host:5000/name"
         repo, version = tag, "latest"
-    _client().api.import_image_from_file(
+    _client(client).api.import_image_from_file(
         str(tarball),
         repository=repo,
         tag=version,
         changes=['CMD ["/bin/bash"]', "ENV LANG=C.UTF-8"],
     )
-    if not image_exists(tag):
+    if not image_exists(tag, client):
         raise SandboxError(f"docker import of {tarball} did not produce {tag}; delete the tarball and retry")
     return tag
 
 
-def ensure_base_image(tag: str = DEFAULT_TAG) -> str:
-    """The base image tag, built on first use (tests call this once per session)."""
-    return build_base_image(tag=tag, force=False)
+def ensure_base_image(
+    tag: str = DEFAULT_TAG, log: Callable[[str], None] | None = None, client: Any = None
+) -> str:
+    """The base image tag, built on first use (tests call this once per session); `log` hears of a
+    build."""
+    if image_exists(tag, client):
+        return tag
+    if log is not None:
+        log(f"building base image {tag} (debootstrap; a few minutes)")
+    return build_base_image(tag=tag, force=False, client=client)

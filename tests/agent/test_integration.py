@@ -6,15 +6,13 @@ turn is recorded with its cache stats, and eviction really happened."""
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from kvagent.agent import Agent, AgentConfig, ChatMLRenderer, load_trajectory, solve_episode
-from kvagent.agent.chat import ChatSession
+from kvagent.agent.chat import ChatAgent
 from kvagent.runtime import CacheConfig, Engine
 from kvagent.sandbox import open_sandbox
 
@@ -109,44 +107,31 @@ def test_chat_on_the_real_session_with_an_interrupted_reply(tiny, repo, mode):
     """Two requests on one stream, the second interrupted after a few tokens, then a third."""
     session = tiny.session(cache("snapkv", mode, 192))
     tok = tiny.tokenizer
+    shown = []
+    stop_after = [0]
+
+    def show(text):  # the reply as it streams
+        shown.append(text)
+        if stop_after[0] and len(shown) == stop_after[0]:
+            chat.interrupt()  # what the terminal's SIGINT handler does
+
     with open_sandbox("local", repo=repo) as sb:
-        chat = ChatSession(
-            session,
-            sb,
-            tok,
-            AgentConfig(max_steps=2, max_new_tokens=24),
-            approval="yolo",
-            console=Console(file=io.StringIO(), width=100),
-            read_line=lambda prompt: "",
-            read_key=lambda prompt: "y",
-            budget=192,
-            buffer=32,
-        )
-        shown = []
-
-        def show(text, real=chat.agent.session.on_text):  # the reply streamed to the terminal
-            shown.append(text)
-            if stop_after[0] and len(shown) == stop_after[0]:
-                chat.interrupt()  # what the SIGINT handler does
-            real(text)
-
-        chat.agent.session.on_text = show
-        stop_after = [0]
+        chat = ChatAgent(session, sb, tok, AgentConfig(max_steps=2, max_new_tokens=24), on_text=show)
         assert chat.ask("Explain calc/__init__.py.") in ("step_limit", "submitted")
         lengths = [session.logical_length]
         shown.clear()
         stop_after[0] = 5
         assert chat.ask("Now fix the bug.") == "interrupted"
-        interrupted = chat.agent.turns[-1]
+        interrupted = chat.turns[-1]
         assert interrupted.finish_reason == "interrupted" and interrupted.reply_tokens <= 6
         lengths.append(session.logical_length)
         stop_after[0] = 0
         assert chat.ask("Go on.") in ("step_limit", "submitted")
         lengths.append(session.logical_length)
     assert lengths == sorted(lengths) and len(set(lengths)) == 3
-    assert tok.decode(session.history) == ChatMLRenderer.transcript(chat.agent.messages)
+    assert tok.decode(session.history) == ChatMLRenderer.transcript(chat.messages)
     assert session.logical_length == len(session.history)
-    users = [m["content"] for m in chat.agent.messages if m["role"] == "user"]
+    users = [m["content"] for m in chat.messages if m["role"] == "user"]
     assert any(u.startswith("The user interrupted your reply.\n\nGo on.") for u in users)
     assert session.stats.rounds > 0
 

@@ -2,14 +2,15 @@ import json
 
 import pytest
 
-from kvagent.bench.episodes import (
-    load_episodes,
-    load_json_episode,
-    normalise_message,
-    render_tool_call,
-)
+from kvagent.bench.episodes import load_json_episode, normalise_message, render_tool_call
 from kvagent.bench.generator import generate_episode
+from kvagent.bench.sources import load_episodes
 from kvagent.errors import ConfigError
+from kvagent.sandbox import open_sandbox
+
+
+def local_sandbox(repo):
+    return open_sandbox("local", repo=repo)
 
 
 def test_render_tool_call_r2e_format_both_shapes():
@@ -73,13 +74,13 @@ def test_trajectory_json_shape(tmp_path):
 @pytest.mark.parametrize("spec", ["nope.jsonl", "gen:seed=x", "gen:colour=red", "gen:turns=3", "README"])
 def test_bad_specs_are_config_errors(spec, tmp_path):
     with pytest.raises(ConfigError):
-        load_episodes([spec])
+        load_episodes([spec], open_env=local_sandbox)
 
 
 def test_generator_is_deterministic_per_seed():
-    a = generate_episode(seed=0, turns=11)
-    b = generate_episode(seed=0, turns=11)
-    c = generate_episode(seed=3, turns=11)
+    a = generate_episode(seed=0, turns=11, open_env=local_sandbox)
+    b = generate_episode(seed=0, turns=11, open_env=local_sandbox)
+    c = generate_episode(seed=3, turns=11, open_env=local_sandbox)
     assert a.messages == b.messages and a.probe == b.probe
     assert a.messages != c.messages and a.probe.value != c.probe.value
     assert sum(m["role"] == "assistant" for m in a.messages) == 11

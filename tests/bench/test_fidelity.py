@@ -5,12 +5,10 @@ from kvagent.bench.episodes import from_messages
 from kvagent.bench.stream import build_stream
 from kvagent.runtime import CacheConfig
 
-from .conftest import record
-
 
 @pytest.fixture(scope="module")
-def stream(tiny_engine):
-    ep = from_messages("fixture", record(turns=6)["messages"])
+def stream(tiny_engine, episode_record):
+    ep = from_messages("fixture", episode_record(turns=6)["messages"])
     return build_stream(ep, tiny_engine.tokenizer)
 
 

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from kvagent.cli.environments import grading_sandbox
 from kvagent.errors import KvagentError
 from kvagent.evals.datasets import load_instances
 from kvagent.evals.grading import grade_instance, grade_predictions
-from kvagent.evals.images import BASE_TAG, build_instance_image, docker_client
+from kvagent.evals.images import BASE_TAG, build_instance_image
+from kvagent.sandbox.docker_backend import docker_client
 from kvagent.sandbox.images import ensure_base_image
 
 pytestmark = pytest.mark.slow
@@ -70,26 +72,31 @@ def test_image_has_clean_testbed_at_base(client, image):
     assert out.split() == ["1", "3.0.0"]  # no changes, one base commit, the pinned source
 
 
+def in_image(image, client):
+    return lambda instance: grading_sandbox(instance, image=image, client=client)
+
+
 def test_gold_empty_and_wrong_patches(client, image, instance, tmp_path):
-    gold = grade_instance(instance, instance.patch, image=image, client=client, log_dir=tmp_path / "gold")
+    gold = grade_instance(
+        instance, instance.patch, open_env=in_image(image, client), log_dir=tmp_path / "gold"
+    )
     assert gold["status"] == "resolved", gold
     assert gold["apply_command"] == "git apply --verbose"
     assert gold["tests_status"]["FAIL_TO_PASS"]["success"] == instance.FAIL_TO_PASS
 
-    empty = grade_instance(instance, "", image=image, client=client)
+    empty = grade_instance(instance, "", open_env=in_image(image, client))
     assert empty["status"] == "unresolved" and empty["patch_is_empty"], empty
     # The tests did run: the new test fails at base, the old ones still pass.
     assert empty["tests_status"]["FAIL_TO_PASS"]["failure"] == instance.FAIL_TO_PASS
     assert not empty["tests_status"]["PASS_TO_PASS"]["failure"]
 
-    wrong = grade_instance(instance, WRONG_PATCH, image=image, client=client)
+    wrong = grade_instance(instance, WRONG_PATCH, open_env=in_image(image, client))
     assert wrong["status"] == "unresolved" and wrong["patch_applied"], wrong
 
     garbage = grade_instance(
         instance,
         "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-a\n+b\n",
-        image=image,
-        client=client,
+        open_env=in_image(image, client),
     )
     assert garbage["status"] == "error" and "did not apply" in garbage["error"]
     # Every grading container is removed.
@@ -102,10 +109,10 @@ def test_grade_predictions_report(client, image, instance, tmp_path):
         json.dumps({"instance_id": IID, "model_name_or_path": "m", "model_patch": WRONG_PATCH}) + "\n"
     )
     out = tmp_path / "grade"
-    report = grade_predictions(preds, DATA, out_dir=out)
+    report = grade_predictions(preds, DATA, out_dir=out, open_env=grading_sandbox)
     assert report["unresolved_ids"] == [IID] and report["resolved_ids"] == [] and report["error_ids"] == []
     assert json.loads((out / "report.json").read_text())["unresolved_ids"] == [IID]
     assert (out / "logs" / IID / "test_output.txt").read_text().count(">>>>> End Test Output") == 1
 
-    gold = grade_predictions("gold", DATA, instances=IID, out_dir=tmp_path / "gold")
+    gold = grade_predictions("gold", DATA, instances=IID, out_dir=tmp_path / "gold", open_env=grading_sandbox)
     assert gold["resolved_ids"] == [IID] and gold["resolved_instances"] == 1

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from kvagent.cli.environments import check_sandbox
 from kvagent.errors import KvagentError
 from kvagent.evals.check import check_instance, format_report
 from kvagent.evals.datasets import load_instances
-from kvagent.evals.images import BASE_TAG, docker_client
+from kvagent.evals.images import BASE_TAG
+from kvagent.sandbox.docker_backend import docker_client
 from kvagent.sandbox.images import ensure_base_image
 
 pytestmark = pytest.mark.slow
@@ -34,7 +36,7 @@ def client():
 def test_django_instance_verifies_end_to_end(client, tmp_path):
     ensure_base_image(BASE_TAG)
     (inst,) = load_instances(DATA, select=IID)
-    report = check_instance(inst, out_dir=tmp_path)
+    report = check_instance(inst, open_image=check_sandbox, out_dir=tmp_path)
     assert report["ok"], format_report(report)
     assert report["spec"]["test_command"].endswith("--parallel 1 migrations.test_optimizer")
     gold_log = (tmp_path / IID / "gold" / "test_output.txt").read_text()

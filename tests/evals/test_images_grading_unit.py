@@ -10,23 +10,11 @@ import pytest
 
 from kvagent.errors import KvagentError
 from kvagent.evals.datasets import Instance
-from kvagent.evals.grading import (
-    eval_script,
-    judge_log,
-    load_predictions,
-    log_parser_name,
-    patch_files,
-    patch_test_targets,
-)
-from kvagent.evals.images import (
-    TEST_PYTEST,
-    _unpack_archive,
-    instance_image_tag,
-    load_recipes,
-    official_image_name,
-    recipe_for,
-    repo_test_command,
-)
+from kvagent.evals.grading import load_predictions
+from kvagent.evals.image_context import unpack_archive
+from kvagent.evals.images import instance_image_tag, official_image_name
+from kvagent.evals.judging import eval_script, judge_log, log_parser_name, patch_files, patch_test_targets
+from kvagent.evals.recipe import TEST_PYTEST, load_recipes, recipe_for, repo_test_command
 
 MINI = {
     "pallets__flask-4992": "Flask==2.2.3",
@@ -122,7 +110,7 @@ def test_unpack_sdist_strips_top_folder(tmp_path):
         t.add(src, arcname="pkg-1.0")
     dest = tmp_path / "out" / "testbed"
     dest.parent.mkdir()
-    _unpack_archive(archive, dest)
+    unpack_archive(archive, dest)
     assert (dest / "pkg" / "__init__.py").read_text() == "x = 1\n" and (dest / "setup.py").exists()
 
 
@@ -216,7 +204,7 @@ def test_load_predictions_formats(tmp_path):
 
 
 def test_official_harness_command_names_everything_the_harness_needs(tmp_path):
-    from kvagent.evals.grading import official_harness_command
+    from kvagent.evals.official import official_harness_command
 
     cmd = official_harness_command(
         "preds.jsonl", "princeton-nlp/SWE-bench_Lite", ["a__b-1", "c__d-2"], tmp_path, timeout=600
@@ -230,7 +218,7 @@ def test_official_harness_command_names_everything_the_harness_needs(tmp_path):
 
 def test_official_harness_rejects_a_missing_predictions_file(tmp_path):
     from kvagent.errors import KvagentError
-    from kvagent.evals.grading import run_official_harness
+    from kvagent.evals.official import run_official_harness
 
     with pytest.raises(KvagentError, match="predictions file .* not found"):
         run_official_harness(str(tmp_path / "nope.jsonl"), "x.jsonl", None, tmp_path)

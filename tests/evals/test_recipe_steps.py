@@ -99,7 +99,7 @@ def test_format_report():
 
 
 def test_recipe_file_errors_name_the_field(tmp_path):
-    from kvagent.evals.images import load_recipes
+    from kvagent.evals.recipe import load_recipes
 
     f = tmp_path / "r.json"
     base = {"repo": "o/n", "source": {"sdist": "n==1.0"}}
@@ -115,7 +115,8 @@ def test_recipe_file_errors_name_the_field(tmp_path):
 
 
 def test_git_source_with_unset_variable_is_named(tmp_path, monkeypatch):
-    from kvagent.evals.images import build_instance_image, load_recipes
+    from kvagent.evals.images import build_instance_image
+    from kvagent.evals.recipe import load_recipes
 
     f = tmp_path / "r.json"
     src = {"git": "$KVAGENT_TEST_UNSET_MIRRORS/o/n", "commit": "abc"}

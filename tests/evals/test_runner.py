@@ -3,15 +3,15 @@ modes x two seeds, killed half way and resumed; graded for real in local sandbox
 
 import json
 import subprocess
-from dataclasses import dataclass, field
 
 import pytest
 
 from kvagent.agent import AgentConfig
+from kvagent.cli.environments import local_env, local_grader
 from kvagent.evals.datasets import Instance
-from kvagent.evals.environments import local_env, local_grader
 from kvagent.evals.report import write_report
 from kvagent.evals.runner import RUNS_FILE, EvalRunner, load_records, plan_runs
+from kvagent.testing import ScriptedEngine
 
 FIX = (
     "I will fix the operator.\n<function=execute_bash>\n<parameter=cmd>sed -i '2s/a - b/a + b/' calc.py"
@@ -34,72 +34,18 @@ new file mode 100644
 """
 
 
-@dataclass
-class FakeStats:
-    logical_length: int
-    entries: list
-    rounds: int = 0
-    total_kv_bytes: int = 0
-
-    def to_dict(self):
-        return {
-            "logical_length": self.logical_length,
-            "entries": self.entries,
-            "rounds": self.rounds,
-            "total_kv_bytes": self.total_kv_bytes,
-            "evicted": 0,
-            "prefill_tokens": 0,
-        }
-
-
-@dataclass
-class Gen:
-    ids: list
-    text: str
-    finish_reason: str
-
-
-@dataclass
-class ScriptedSession:
-    tokenizer: object
-    replies: list
-    history: list = field(default_factory=list)
-
-    @property
-    def logical_length(self):
-        return len(self.history)
-
-    @property
-    def stats(self):
-        return FakeStats(
-            len(self.history),
-            [len(self.history)],
-            rounds=len(self.history) // 100,
-            total_kv_bytes=len(self.history) * 8,
-        )
-
-    def append(self, ids):
-        self.history.extend(ids)
-
-    def generate(self, max_new_tokens, sampling=None, stop=()):
-        text = self.replies.pop(0)
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        self.history.extend(ids)
-        return Gen(ids, self.tokenizer.decode(ids), "stop")
-
-
-class ScriptedEngine:
+class DyingEngine(ScriptedEngine):
     """`random` fixes the bug; `streaming` submits without fixing. Optionally dies on session N."""
 
     def __init__(self, tokenizer, die_at=None):
-        self.tokenizer, self.die_at, self.sessions = tokenizer, die_at, 0
+        super().__init__(tokenizer, lambda config: [FIX, SUBMIT] if config.policy == "random" else [SUBMIT])
+        self.die_at = die_at
 
     def session(self, config):
-        self.sessions += 1
-        if self.die_at is not None and self.sessions == self.die_at:
+        if self.die_at is not None and self.sessions + 1 == self.die_at:
+            self.sessions += 1
             raise KeyboardInterrupt  # the process is killed in the middle of the batch
-        replies = [FIX, SUBMIT] if config.policy == "random" else [SUBMIT]
-        return ScriptedSession(self.tokenizer, list(replies))
+        return super().session(config)
 
 
 @pytest.fixture()
@@ -151,10 +97,10 @@ def test_eval_killed_half_way_resumes_without_loss_or_duplicates(tmp_path, fixtu
     assert len(specs) == 8
     run_dir = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
-        make_runner(run_dir, ScriptedEngine(qwen3_tokenizer, die_at=4), inst, repos).run(specs)
+        make_runner(run_dir, DyingEngine(qwen3_tokenizer, die_at=4), inst, repos).run(specs)
     assert len(load_records(run_dir)) == 3  # three finished before the kill; the fourth is lost work
 
-    engine = ScriptedEngine(qwen3_tokenizer)
+    engine = DyingEngine(qwen3_tokenizer)
     records = make_runner(run_dir, engine, inst, repos).run(specs)
     assert engine.sessions == 5  # only the unfinished runs were redone
     lines = [json.loads(x) for x in (run_dir / RUNS_FILE).read_text().splitlines()]
@@ -165,7 +111,7 @@ def test_eval_killed_half_way_resumes_without_loss_or_duplicates(tmp_path, fixtu
     assert all(r["grade_status"] in ("resolved", "unresolved") for r in records)
 
     # a third invocation has nothing left to do
-    again = ScriptedEngine(qwen3_tokenizer)
+    again = DyingEngine(qwen3_tokenizer)
     make_runner(run_dir, again, inst, repos).run(specs)
     assert again.sessions == 0
 
@@ -184,7 +130,7 @@ def test_eval_killed_half_way_resumes_without_loss_or_duplicates(tmp_path, fixtu
 def test_full_policy_runs_once_and_is_recorded_for_each_mode(tmp_path, fixture_instance, qwen3_tokenizer):
     inst, repos = fixture_instance
     specs = plan_runs([inst.instance_id], ["full"], ["persistent", "reprefill"], [64], [0])
-    engine = ScriptedEngine(qwen3_tokenizer)
+    engine = DyingEngine(qwen3_tokenizer)
     records = make_runner(tmp_path / "run", engine, inst, repos).run(specs)
     assert engine.sessions == 1
     assert {r["mode"] for r in records} == {"persistent", "reprefill"}
@@ -244,7 +190,7 @@ def test_kvagent_eval_cli_with_tiny_model_and_local_sandboxes(tmp_path, fixture_
 def test_parallel_workers_record_every_run_once(tmp_path, fixture_instance, qwen3_tokenizer):
     inst, repos = fixture_instance
     specs = plan_runs([inst.instance_id], ["random", "streaming"], ["persistent", "reprefill"], [64], [0])
-    runner = make_runner(tmp_path / "run", ScriptedEngine(qwen3_tokenizer), inst, repos)
+    runner = make_runner(tmp_path / "run", DyingEngine(qwen3_tokenizer), inst, repos)
     runner.workers = 2
     records = runner.run(specs)
     assert sorted(r["run_id"] for r in records) == sorted(s.run_id for s in specs)

@@ -14,6 +14,13 @@ from kvagent.runtime.policies import (  # noqa: F401  (registration)
     tova,
     triattention,
 )
-from kvagent.runtime.policies.base import BasePolicy, LayerView, Policy, available, make_policy, register
+from kvagent.runtime.policies.base import (
+    BasePolicy,
+    LayerView,
+    available,
+    check_policy,
+    make_policy,
+    register,
+)
 
-__all__ = ["BasePolicy", "LayerView", "Policy", "available", "make_policy", "register"]
+__all__ = ["BasePolicy", "LayerView", "available", "check_policy", "make_policy", "register"]

@@ -7,7 +7,7 @@ compaction, bookkeeping), so a policy is a few lines of scoring math.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
@@ -50,25 +50,14 @@ class LayerView:
         return self.keys.shape[-2]
 
 
-@runtime_checkable
-class Policy(Protocol):
-    """Scores cache entries; higher = keep. The runtime keeps the top `budget` per head."""
-
-    name: str
-    shared_across_heads: bool  # one keep-set for all heads of a layer (nexus) or one per head
-    block: int  # 1 = token granularity
-
-    def scores(self, view: LayerView) -> torch.Tensor:
-        """(B, H_kv, N) or (B, 1, N) priorities. May return +inf to force a keep."""
-        ...
-
-
 class BasePolicy:
-    """Defaults shared by every policy; subclasses override `scores` and class attributes."""
+    """The one policy contract: `scores(view)` gives (B, H_kv, N) or (B, 1, N) keep priorities (higher
+    = keep; +inf forces a keep) and the runtime keeps the top `budget` per head. Subclasses override
+    `scores` and the class attributes; the rest are defaults."""
 
     name = "base"
-    shared_across_heads = False
-    block = 1
+    shared_across_heads = False  # one keep-set for all heads of a layer (nexus) or one per head
+    block = 1  # 1 = token granularity
     needs_pending_queries = False  # H2O: the runtime keeps all queries since the last round
 
     def __init__(self, **kwargs: Any) -> None:
@@ -101,16 +90,21 @@ def register(cls: type[BasePolicy]) -> type[BasePolicy]:
 
 
 def available() -> list[str]:
+    """The registered policies' names (built-in ones and any registered since)."""
     _load_builtin()
     return sorted(_REGISTRY)
 
 
-def make_policy(name: str, **policy_args: Any) -> BasePolicy:
-    _load_builtin()
-    if name not in _REGISTRY:
+def check_policy(name: str, what: str = "policy") -> None:
+    """The one check of a policy name: a one-line ConfigError naming `what` and the choices."""
+    if name not in available():
         from kvagent.errors import ConfigError
 
-        raise ConfigError(f"policy: unknown policy {name!r}; choose one of {', '.join(available())}")
+        raise ConfigError(f"{what}: unknown policy {name!r}; choose one of {', '.join(available())}")
+
+
+def make_policy(name: str, **policy_args: Any) -> BasePolicy:
+    check_policy(name)
     try:
         return _REGISTRY[name](**policy_args)
     except TypeError as e:

@@ -80,7 +80,7 @@ def log_priority(w: torch.Tensor, n: float, generator: torch.Generator) -> torch
 
 @register
 class NexusPolicy(BasePolicy):
-    """Nexus Sampling (this project's method; see DESIGN.md section 1, "Policies").
+    """Nexus Sampling (this project's method; see docs/architecture.md, "Policies").
 
     One keep-set per layer, whole blocks of `block` entries. Block weight w mixes the direct
     window attention a with a short walk c over the last `walk_steps` window rows (`lam` = 0

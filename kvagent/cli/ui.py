@@ -1,7 +1,9 @@
-"""Terminal display shared by the commands: a one-line live status of an episode's cache."""
+"""Terminal display shared by the commands: a one-line live status of an episode's cache, and
+progress bars for long benchmark runs."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -58,3 +60,47 @@ class EpisodeProgress:
         if event.kind == "end":
             line += f" | {event.exit_status}"
         self.live.update(Text(line))
+
+
+class _Bar:
+    def __init__(self, progress: Any, task_id: Any) -> None:
+        self._p, self._id = progress, task_id
+
+    def advance(self, n: float = 1) -> None:
+        self._p.advance(self._id, n)
+
+    def done(self) -> None:
+        self._p.remove_task(self._id)
+
+
+class Bars:
+    """Rich progress bars on stderr (a `kvagent.bench.progress` target), or none when not `enabled`."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from kvagent.bench.progress import NoProgress
+
+        self._none = None if enabled else NoProgress()
+        self._p = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(file=sys.stderr),
+            transient=True,
+        )
+
+    def __enter__(self) -> Bars:
+        if self._none is None:
+            self._p.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._none is None:
+            self._p.stop()
+
+    def task(self, description: str, total: float) -> Any:
+        if self._none is not None:
+            return self._none.task(description, total)
+        return _Bar(self._p, self._p.add_task(description, total=total))

@@ -1,20 +1,17 @@
-"""ChatSession with a scripted model: approval keys, follow-up requests on the same token stream,
-Ctrl-C during a reply or a tool call, and the chat commands."""
+"""The terminal chat (ChatSession around a ChatAgent) with a scripted model: approval keys, follow-up
+requests on the same token stream, Ctrl-C during a reply or a tool call, and the chat commands."""
 
 import io
 import os
 import signal
-from collections import namedtuple
 
 import pytest
 from rich.console import Console
 
 from kvagent.agent import AgentConfig, ChatMLRenderer
-from kvagent.agent.chat import DECLINED, STOPPED_DURING, STOPPED_REPLY, ChatSession
+from kvagent.agent.chat import DECLINED, STOPPED_DURING, STOPPED_REPLY
+from kvagent.cli.chat import ChatSession
 from kvagent.errors import ConfigError
-
-IM_END = "<|im_end|>"
-Gen = namedtuple("Gen", "ids text finish_reason")
 
 
 def call(name, **params):
@@ -31,50 +28,6 @@ FIX = call(
     new_str="return total / len(values)",
 )
 FINISH = call("finish", command="submit", result="Fixed the denominator.")
-
-
-@pytest.fixture
-def stepping(scripted):
-    """The conftest ScriptedSession, but handing out each reply one token per `generate` call (the chat
-    samples token by token so Ctrl-C can stop a reply between tokens)."""
-    base = type(scripted([]))
-
-    class Stepping(base):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            self.pending: list[int] = []
-            self.on_token = None  # called with the count of ids handed out so far
-            self.handed = 0
-
-        def generate(self, max_new_tokens, sampling=None, stop=()):
-            assert max_new_tokens >= 1
-            if not self.pending:
-                if not self.replies:
-                    raise AssertionError("the scripted model ran out of replies")
-                text = self.replies.popleft()
-                self.calls.append(
-                    {"max_new_tokens": max_new_tokens, "sampling": sampling, "stop": list(stop)}
-                )
-                cut = min((text.find(s) + len(s) for s in stop if s in text), default=-1)
-                if cut >= 0:
-                    self.pending = self.tokenizer.encode(text[:cut], add_special_tokens=False)
-                else:
-                    self.pending = [
-                        *self.tokenizer.encode(text, add_special_tokens=False),
-                        self.tokenizer.convert_tokens_to_ids(IM_END),
-                    ]
-            token = self.pending.pop(0)
-            self.history.append(token)
-            self.handed += 1
-            if self.on_token is not None:
-                self.on_token(self.handed)
-            eos = token == self.tokenizer.convert_tokens_to_ids(IM_END)
-            return Gen([token], self.tokenizer.decode([token]), "eos" if eos else "length")
-
-    def make(replies, **kw):
-        return Stepping(scripted([]).tokenizer, replies, **kw)
-
-    return make
 
 
 class Keys:
@@ -127,8 +80,8 @@ def check_stream(chat, session, tokenizer):
     assert tokenizer.decode(session.history) == ChatMLRenderer.transcript(chat.agent.messages)
 
 
-def test_confirm_mode_runs_on_y_declines_on_n_and_follow_ups_share_the_stream(stepping, fake_env, tokenizer):
-    session = stepping([VIEW, FIX, FIX, FINISH, call("execute_bash", cmd="echo again"), FINISH])
+def test_confirm_mode_runs_on_y_declines_on_n_and_follow_ups_share_the_stream(scripted, fake_env, tokenizer):
+    session = scripted([VIEW, FIX, FIX, FINISH, call("execute_bash", cmd="echo again"), FINISH])
     chat, out = make_chat(session, fake_env, tokenizer, keys="ynyy")
 
     assert chat.ask("mean([1, 2, 3]) returns 1.5 instead of 2.") == "submitted"
@@ -157,27 +110,27 @@ def test_confirm_mode_runs_on_y_declines_on_n_and_follow_ups_share_the_stream(st
     assert session.appends[0] > session.appends[1]  # the prompt once, then only the new turns
 
 
-def test_q_quits_without_running_the_call(stepping, fake_env, tokenizer):
-    chat, _ = make_chat(stepping([VIEW]), fake_env, tokenizer, keys="xq")  # an unknown key asks again
+def test_q_quits_without_running_the_call(scripted, fake_env, tokenizer):
+    chat, _ = make_chat(scripted([VIEW]), fake_env, tokenizer, keys="xq")  # an unknown key asks again
     assert chat.ask("look at calc") == "quit"
     assert fake_env.calls == [] and len(chat.read_key.prompts) == 2
 
 
-def test_yolo_mode_never_asks(stepping, fake_env, tokenizer):
-    chat, _ = make_chat(stepping([VIEW, FINISH]), fake_env, tokenizer, keys=Keys(), approval="yolo")
+def test_yolo_mode_never_asks(scripted, fake_env, tokenizer):
+    chat, _ = make_chat(scripted([VIEW, FINISH]), fake_env, tokenizer, keys=Keys(), approval="yolo")
     assert chat.ask("look at calc") == "submitted"
     assert [c[0] for c in fake_env.calls] == ["file_editor", "finish"]
 
 
-def test_ctrl_c_stops_a_reply_and_keeps_its_tokens_in_the_stream(stepping, fake_env, tokenizer):
-    session = stepping([VIEW, FINISH])
+def test_ctrl_c_stops_a_reply_and_keeps_its_tokens_in_the_stream(scripted, fake_env, tokenizer):
+    session = scripted([VIEW, FINISH])
     chat, out = make_chat(session, fake_env, tokenizer)
 
     def press_ctrl_c(n):
         if n == 4:  # a real SIGINT, as the terminal sends it, while the model samples
             os.kill(os.getpid(), signal.SIGINT)
 
-    session.on_token = press_ctrl_c
+    session.after_token = press_ctrl_c
     old_handler = signal.getsignal(signal.SIGINT)
     assert chat.ask("look at calc") == "interrupted"
     assert signal.getsignal(signal.SIGINT) is old_handler  # the chat's handler is gone again
@@ -186,16 +139,15 @@ def test_ctrl_c_stops_a_reply_and_keeps_its_tokens_in_the_stream(stepping, fake_
     check_stream(chat, session, tokenizer)
     assert "interrupted" in out.getvalue()
 
-    # The rest of the scripted reply is what the model "would have said"; drop it and go on.
-    session.pending, session.on_token = [], None
-    session.replies.appendleft(FINISH)
+    # The rest of the stopped reply is what the model "would have said": it is gone; go on.
+    session.after_token = None
     assert chat.ask("never mind, just submit") == "submitted"
     check_stream(chat, session, tokenizer)
     follow = chat.agent.messages[3]
     assert follow["content"].startswith(STOPPED_REPLY + "\n\nnever mind, just submit")
 
 
-def test_ctrl_c_during_a_tool_call_returns_to_the_prompt(stepping, fake_env, tokenizer):
+def test_ctrl_c_during_a_tool_call_returns_to_the_prompt(scripted, fake_env, tokenizer):
     run_tool = fake_env.run_tool
 
     def slow_tool(name, params, timeout=90):
@@ -204,7 +156,7 @@ def test_ctrl_c_during_a_tool_call_returns_to_the_prompt(stepping, fake_env, tok
         return run_tool(name, params, timeout)
 
     fake_env.run_tool = slow_tool
-    session = stepping([call("execute_bash", cmd="sleep 100"), FINISH])
+    session = scripted([call("execute_bash", cmd="sleep 100"), FINISH])
     chat, _ = make_chat(session, fake_env, tokenizer, approval="yolo")
     assert chat.ask("run the slow thing") == "interrupted"
     assert chat.agent.turns[0].observation == STOPPED_DURING and not chat.agent.turns[0].fed
@@ -213,9 +165,9 @@ def test_ctrl_c_during_a_tool_call_returns_to_the_prompt(stepping, fake_env, tok
     assert chat.agent.messages[3]["content"].startswith(STOPPED_DURING + "\n\nok, submit")
 
 
-def test_per_request_step_limit_and_the_unfed_output_reaches_the_next_request(stepping, fake_env, tokenizer):
+def test_per_request_step_limit_and_the_unfed_output_reaches_the_next_request(scripted, fake_env, tokenizer):
     replies = [call("execute_bash", cmd="echo one"), call("execute_bash", cmd="echo two"), FINISH]
-    session = stepping(replies)
+    session = scripted(replies)
     chat, out = make_chat(session, fake_env, tokenizer, approval="yolo", config=AgentConfig(max_steps=2))
     assert chat.ask("echo things") == "step_limit"
     assert "step limit (2 per request)" in out.getvalue()
@@ -226,8 +178,8 @@ def test_per_request_step_limit_and_the_unfed_output_reaches_the_next_request(st
     check_stream(chat, session, tokenizer)
 
 
-def test_commands_diff_save_stats_help_and_the_patch_offer(stepping, fake_env, tokenizer, tmp_path):
-    session = stepping([FIX, FINISH])
+def test_commands_diff_save_stats_help_and_the_patch_offer(scripted, fake_env, tokenizer, tmp_path):
+    session = scripted([FIX, FINISH])
     saved = tmp_path / "out" / "fix.patch"
     lines = ["/help", "/diff", "/stats", "/nope", "/save", "fix it", "/diff", f"/save {saved}", "", "/quit"]
     keys = Keys(["y", "n"])  # y: run the edit; n: do not show the patch at the end
@@ -244,12 +196,12 @@ def test_commands_diff_save_stats_help_and_the_patch_offer(stepping, fake_env, t
     assert "changed 1 file(s)" in keys.prompts[-1]
 
 
-def test_eof_and_ctrl_c_at_the_prompt(stepping, fake_env, tokenizer):
-    chat, out = make_chat(stepping([]), fake_env, tokenizer, lines=[KeyboardInterrupt])
+def test_eof_and_ctrl_c_at_the_prompt(scripted, fake_env, tokenizer):
+    chat, out = make_chat(scripted([]), fake_env, tokenizer, lines=[KeyboardInterrupt])
     chat.run()  # Ctrl-C at the prompt only prints a hint; EOF then ends the chat
     assert "type /quit to leave" in out.getvalue()
 
 
-def test_bad_approval_mode(stepping, fake_env, tokenizer):
+def test_bad_approval_mode(scripted, fake_env, tokenizer):
     with pytest.raises(ConfigError, match="approval: got 'ask'; choose one of confirm, yolo"):
-        make_chat(stepping([]), fake_env, tokenizer, approval="ask")
+        make_chat(scripted([]), fake_env, tokenizer, approval="ask")

@@ -4,7 +4,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_demo_on_smollm2_reduced(tmp_path, capsys):
-    from kvagent.bench.demo import run_demo
+    from kvagent.cli.demo import run_demo
 
     records = run_demo(
         model="smollm2", out=str(tmp_path), budget=1536, turns=10, progress=False, policies=("random",)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from kvagent.errors import ConfigError
-
 DEMO_POLICIES = ("random", "snapkv", "nexus")
 
 
@@ -21,37 +19,38 @@ def run_demo(
     seed: int = 0,
     progress: bool = True,
     policies=DEMO_POLICIES,
+    device: str = "auto",
+    dtype: str = "auto",
 ) -> list[dict]:
-    from kvagent.bench.cli_support import load_engine
     from kvagent.bench.fidelity import make_grid, run_fidelity
     from kvagent.bench.generator import generate_episode
     from kvagent.bench.stream import build_stream
+    from kvagent.cli.bench import local_sandbox
+    from kvagent.cli.common import load_engine
+    from kvagent.cli.ui import Bars
+    from kvagent.runtime.budget import check_prompt_fits
 
-    if budget % 32:
-        raise ConfigError(
-            f"budget: nexus keeps whole 32-token blocks; use {budget // 32 * 32 or 32} or {(budget // 32 + 1) * 32}"
-        )
+    grid = make_grid(list(policies), ["persistent", "reprefill"], ["prefill+decode"], [budget], ["prompt"])
     t0 = time.perf_counter()
     print(
         f"kvagent demo: generating a {turns}-call episode (seed {seed}, compact system prompt) in a local sandbox ...",
         flush=True,
     )
-    episode = generate_episode(seed=seed, turns=turns, prompt="compact")
+    episode = generate_episode(seed=seed, turns=turns, prompt="compact", open_env=local_sandbox)
     print(f"loading {model} ...", flush=True)
-    engine = load_engine(model)
+    engine = load_engine(model, device=device, dtype=dtype)
     stream = build_stream(episode, engine.tokenizer)
-    if stream.prompt_length >= budget:
-        raise ConfigError(
-            f"budget: the prompt has {stream.prompt_length} tokens and protect=prompt keeps them all; "
-            f"use --budget {(stream.prompt_length // 32 + 4) * 32}"
-        )
+    for spec in grid:  # the budget suits each policy (its block) and holds the protected prompt
+        config = spec.cache_config()
+        engine.session(config)
+        check_prompt_fits(config, stream.prompt_length, engine.n_layers)
     print(
         f"episode {stream.name}: {len(stream.ids)} tokens, {stream.n_turns} assistant turns "
         f"({stream.n_scored} scored tokens), prompt {stream.prompt_length}; budget K={budget}, r=128",
         flush=True,
     )
-    grid = make_grid(list(policies), ["persistent", "reprefill"], ["prefill+decode"], [budget], ["prompt"])
-    records = run_fidelity(engine, [stream], grid, Path(out), model, show_progress=progress)
+    with Bars(enabled=progress) as bars:
+        records = run_fidelity(engine, [stream], grid, Path(out), model, progress=bars)
     _print_table(records)
     print(
         f"\nwrote {out}/fidelity.json, {out}/fidelity.md and {out}/fidelity.png "

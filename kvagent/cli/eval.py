@@ -12,23 +12,25 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from kvagent.cli.common import agent_config, load_engine, parse_seeds
 from kvagent.errors import KvagentError
-from kvagent.evals.runner import EvalRunner, RunSpec, load_records, plan_runs
+from kvagent.evals.runner import EvalRun, EvalRunner, load_records, plan_runs
+from kvagent.options import parse_budgets, parse_policy_args, split_list
 
 
 class EvalTable:
     """Live table: per configuration done / running / resolved so far, plus the batch's ETA."""
 
-    def __init__(self, specs: Sequence[RunSpec], done: dict[str, dict[str, Any]], console: Console) -> None:
-        self.configs = list(dict.fromkeys(s.config_label for s in specs))
-        self.total = {c: sum(1 for s in specs if s.config_label == c) for c in self.configs}
+    def __init__(self, specs: Sequence[EvalRun], done: dict[str, dict[str, Any]], console: Console) -> None:
+        self.configs = list(dict.fromkeys(s.label for s in specs))
+        self.total = {c: sum(1 for s in specs if s.label == c) for c in self.configs}
         self.done = {c: 0 for c in self.configs}
         self.resolved = {c: 0 for c in self.configs}
         self.running: dict[str, int] = {c: 0 for c in self.configs}
         for s in specs:
             if s.run_id in done:
-                self.done[s.config_label] += 1
-                self.resolved[s.config_label] += bool(done[s.run_id].get("resolved"))
+                self.done[s.label] += 1
+                self.resolved[s.label] += bool(done[s.run_id].get("resolved"))
         self.started = time.time()
         self.finished_here = 0
         self.lock = threading.Lock()
@@ -48,9 +50,9 @@ class EvalTable:
             table.caption = f"{left} runs left"
         return table
 
-    def __call__(self, event: str, spec: RunSpec, record: dict[str, Any] | None) -> None:
+    def __call__(self, event: str, spec: EvalRun, record: dict[str, Any] | None) -> None:
         with self.lock:
-            c = spec.config_label
+            c = spec.label
             if event == "start":
                 self.running[c] += 1
             elif event == "done":
@@ -67,14 +69,14 @@ def run_eval(
     dataset: str,
     split: str,
     instances: str | None,
-    policies: Sequence[str],
-    modes: Sequence[str],
-    budgets: Sequence[int | float | None],
-    seeds: Sequence[int],
+    policies: str,
+    modes: str,
+    budgets: str,
+    seeds: str,
     model: str,
     cache_options: dict[str, Any],
-    policy_args: dict[str, dict[str, Any]],
-    agent_config: Any,
+    policy_arg: Sequence[str] | None,
+    agent: dict[str, Any],
     env: str,
     repos: str | None,
     grade: bool,
@@ -84,19 +86,19 @@ def run_eval(
     dtype: str = "auto",
     console: Console | None = None,
 ) -> dict[str, Any]:
-    from kvagent.evals import environments
+    from kvagent.cli import environments
     from kvagent.evals.datasets import load_instances
     from kvagent.evals.report import write_report
-    from kvagent.runtime import CacheConfig, Engine
 
     console = console or Console(stderr=True)
+    names = split_list(policies, "policies")
+    seed_list, budget_list = parse_seeds(seeds), parse_budgets(budgets)
+    agent_cfg = agent_config(**agent)
+    args = parse_policy_args(policy_arg, names)
     selected = load_instances(dataset, split=split, select=instances)
-    specs = plan_runs([i.instance_id for i in selected], policies, modes, budgets, seeds)
-    # Bad policy names, arguments or budgets fail here, before a model loads or a run starts.
-    for policy, budget, mode in dict.fromkeys((s.policy, s.budget, s.mode) for s in specs):
-        CacheConfig(
-            policy=policy, budget=budget, mode=mode, policy_args=policy_args.get(policy, {}), **cache_options
-        )
+    # Bad policy names, options or budgets fail here, before a model loads or a run starts.
+    runs = plan_runs([i.instance_id for i in selected], names, split_list(modes, "modes"), budget_list,
+                     seed_list, policy_args=args, **cache_options)  # fmt: skip
     if env == "local":
         if not repos:
             raise KvagentError("eval: --env local needs --repos DIR holding one checkout per instance id")
@@ -109,27 +111,25 @@ def run_eval(
         raise KvagentError(f"env: got {env!r}; choose docker or local")
     run_dir = Path(out)
     done = load_records(run_dir)
-    left = [s for s in specs if s.run_id not in done]
-    console.print(f"{len(specs)} runs planned, {len(specs) - len(left)} already finished in {run_dir}")
+    left = [r for r in runs if r.run_id not in done]
+    console.print(f"{len(runs)} runs planned, {len(runs) - len(left)} already finished in {run_dir}")
     if left:
         console.print(f"loading model {model} ...")
-        engine = Engine.load(model, device=device, dtype=dtype)
-        table = EvalTable(specs, done, console)
+        engine = load_engine(model, device=device, dtype=dtype)
+        table = EvalTable(runs, done, console)
         runner = EvalRunner(
             run_dir=run_dir,
             engine=engine,
             instances={i.instance_id: i for i in selected},
             open_env=open_env,
-            agent_config=agent_config,
-            cache_options=cache_options,
-            policy_args=policy_args,
+            agent_config=agent_cfg,
             grade=grader if grade else None,
             model_name=model,
             workers=workers,
             on_update=table,
         )
         with table.live:
-            runner.run(specs)
+            runner.run(runs)
     summary = write_report(run_dir)
     console.print(f"report: {run_dir / 'report.md'}")
     return summary

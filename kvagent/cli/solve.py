@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from kvagent.agent.config import AgentConfig
-from kvagent.agent.solve import check_prompt_fits, solve_episode
+from kvagent.cli.common import agent_config, cache_config, load_engine
 from kvagent.errors import KvagentError
 from kvagent.fileio import atomic_write_text
+
+
+def read_issue(issue: str) -> str:
+    """--issue takes the text itself or a path to a file holding it."""
+    if not issue.strip():
+        raise KvagentError("issue: empty; pass the issue text or a file holding it")
+    path = Path(issue).expanduser()
+    looks_like_path = (
+        "\n" not in issue and " " not in issue.strip() and (bool(path.suffix) or os.sep in issue)
+    )
+    if looks_like_path:
+        if not path.is_file():
+            raise KvagentError(f"issue: file {issue} does not exist; pass the issue text or an existing file")
+        return path.read_text(encoding="utf-8", errors="replace")
+    return issue
 
 
 def sandbox_spec(repo: str | None, image: str | None) -> dict[str, Any]:
@@ -26,40 +41,52 @@ def sandbox_spec(repo: str | None, image: str | None) -> dict[str, Any]:
     return {"backend": "docker", "image": image}
 
 
+def check_before_sandbox(engine: Any, config: Any, prompt_style: str, issue_text: str = "") -> None:
+    """Fail on a bad budget for this model, and on a protected prompt the budget cannot hold, before a
+    sandbox is opened."""
+    from kvagent.agent.solve import first_prompt_length
+    from kvagent.runtime.budget import check_prompt_fits
+
+    engine.session(config)
+    length = first_prompt_length(engine.tokenizer, issue_text, prompt_style)
+    check_prompt_fits(config, length, engine.n_layers)
+
+
 def run_solve(
     *,
-    issue_text: str,
+    issue: str,
     repo: str | None,
     image: str | None,
     model: str,
-    cache_config: Any,
-    agent_config: AgentConfig,
+    cache: dict[str, Any],
+    agent: dict[str, Any],
     out: str | None = None,
     device: str = "auto",
     dtype: str = "auto",
     console: Console | None = None,
 ) -> Any:
-    from kvagent.runtime import Engine
+    from kvagent.agent.solve import solve_episode
+    from kvagent.cli.ui import EpisodeProgress
     from kvagent.sandbox import open_sandbox
-    from kvagent.ui import EpisodeProgress
 
+    issue_text = read_issue(issue)
+    cfg, agent_cfg = cache_config(**cache), agent_config(**agent)
     console = console or Console(stderr=True)
     spec = sandbox_spec(repo, image)
     out_dir = Path(out or f"runs/solve-{time.strftime('%Y%m%d-%H%M%S')}")
     console.print(f"loading model {model} ...")
-    engine = Engine.load(model, device=device, dtype=dtype)
-    engine.session(cache_config)  # fail on a bad budget for this model before opening a sandbox
-    check_prompt_fits(engine.tokenizer, cache_config, agent_config.prompt_style, issue_text)
+    engine = load_engine(model, device=device, dtype=dtype)
+    check_before_sandbox(engine, cfg, agent_cfg.prompt_style, issue_text)
     out_dir.mkdir(parents=True, exist_ok=True)
     trajectory = out_dir / "episode.traj.json"
-    progress = EpisodeProgress(console, cache_config.budget, cache_config.buffer, agent_config.max_steps)
+    progress = EpisodeProgress(console, cfg.budget, cfg.buffer, agent_cfg.max_steps)
     with open_sandbox(**spec) as sandbox, progress:
         result = solve_episode(
             engine,
             sandbox,
             issue_text,
-            cache_config=cache_config,
-            config=agent_config,
+            cache_config=cfg,
+            config=agent_cfg,
             trajectory_path=trajectory,
             meta={"sandbox": spec},
             on_event=progress,

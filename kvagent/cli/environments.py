@@ -1,0 +1,81 @@
+"""Where eval episodes run and are graded: the sandbox openers and graders that `kvagent eval`,
+`kvagent grade` and recipe checks hand to the evals layer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvagent.errors import KvagentError
+from kvagent.evals.datasets import Instance
+
+GRADE_LIMITS = {"mem_limit": "4g", "pids_limit": 4096}
+
+
+def docker_env(instance: Instance) -> Any:
+    """The instance's image (a locally built kvagent image, else the official one)."""
+    from kvagent.evals.images import image_for
+    from kvagent.sandbox import open_sandbox
+
+    return open_sandbox("docker", image=image_for(instance))
+
+
+def grading_sandbox(instance: Instance, image: str | None = None, client: Any = None) -> Any:
+    """A fresh container of the instance's image (or `image`) to grade in; a missing image is a
+    one-line error saying how to build it."""
+    from kvagent.evals.images import image_for, instance_image_tag
+    from kvagent.sandbox import open_sandbox
+    from kvagent.sandbox.images import image_exists
+
+    iid = instance.instance_id
+    image = image or image_for(instance, client)
+    if not image_exists(image, client):
+        if image == instance_image_tag(iid):
+            raise KvagentError(
+                f"image {image} not found; build it with `kvagent images build --instances {iid}`"
+            )
+        raise KvagentError(
+            f"image {image} is not available offline; build {instance_image_tag(iid)} "
+            f"with `kvagent images build --instances {iid}`"
+        )
+    labels = {"kvagent.role": "grade", "kvagent.instance_id": iid}
+    return open_sandbox("docker", image=image, labels=labels, client=client, **GRADE_LIMITS)
+
+
+def docker_grader(instance: Instance, patch: str, log_dir: Path) -> dict[str, Any]:
+    from kvagent.evals.grading import grade_instance
+
+    return grade_instance(instance, patch, open_env=grading_sandbox, log_dir=log_dir)
+
+
+def check_sandbox(tag: str) -> Any:
+    """A fresh container of a just-built image, for `kvagent.evals.check`."""
+    from kvagent.sandbox import open_sandbox
+
+    return open_sandbox("docker", image=tag, labels={"kvagent.role": "check"})
+
+
+def local_repo(repos: Path, instance: Instance) -> Path:
+    """`repos/<instance_id>`: a checkout at the instance's base commit."""
+    path = Path(repos) / instance.instance_id
+    if not path.is_dir():
+        raise KvagentError(
+            f"no checkout for {instance.instance_id} at {path}; clone it there at {instance.base_commit[:12]}"
+        )
+    return path
+
+
+def local_env(repos: Path) -> Callable[[Instance], Any]:
+    from kvagent.sandbox import open_sandbox
+
+    return lambda instance: open_sandbox("local", repo=local_repo(repos, instance))
+
+
+def local_grader(repos: Path) -> Callable[[Instance, str, Path], dict[str, Any]]:
+    from kvagent.evals.grading import grade_instance
+
+    def grade(instance: Instance, patch: str, log_dir: Path) -> dict[str, Any]:
+        return grade_instance(instance, patch, open_env=local_env(repos), log_dir=log_dir)
+
+    return grade

@@ -1,0 +1,35 @@
+"""`kvagent grade`: grade a predictions file in fresh sandboxes (or hand it to swebench's harness)."""
+
+from __future__ import annotations
+
+from kvagent.errors import ConfigError, KvagentError
+
+HARNESSES = ("kvagent", "official")
+
+
+def run_grade(
+    predictions: str, dataset: str, *, split: str, instances: str | None, out: str, timeout: int, harness: str
+) -> dict | None:
+    import typer
+
+    if harness not in HARNESSES:
+        raise ConfigError(f"harness: got {harness!r}; choose kvagent or official")
+    if harness == "official":
+        from kvagent.evals.official import run_official_harness
+
+        rc = run_official_harness(predictions, dataset, instances, out, split=split, timeout=timeout)
+        if rc:
+            raise KvagentError(f"the swebench harness exited with {rc}; its logs are under {out}")
+        return None
+    from kvagent.cli.environments import grading_sandbox
+    from kvagent.evals.grading import grade_predictions
+    from kvagent.sandbox.docker_backend import docker_client
+
+    docker_client()  # a clear error now rather than one per instance
+
+    report = grade_predictions(
+        predictions, dataset, instances, out, split=split, timeout=timeout, open_env=grading_sandbox,
+        log=typer.echo,
+    )  # fmt: skip
+    typer.echo(f"resolved {report['resolved_instances']} of {report['total_instances']}; {out}/report.json")
+    return report
