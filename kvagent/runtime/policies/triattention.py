@@ -39,9 +39,15 @@ def unrotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -
     number x_f + i x_{f+D/2} by exp(i * pos * w_f); undoing it multiplies by exp(-i * pos * w_f).
     """
     half = x.shape[-1] // 2
-    z = torch.complex(x[..., :half].double(), x[..., half:].double())
-    angle = positions.to(x.device, torch.float64).unsqueeze(-1) * inv_freq.to(x.device)
-    return z * torch.polar(torch.ones_like(angle), -angle)
+    z = torch.complex(x[..., :half].float(), x[..., half:].float())
+    return z * unit(-positions.to(x.device, torch.float64).unsqueeze(-1) * inv_freq.to(x.device))
+
+
+def unit(angle: torch.Tensor) -> torch.Tensor:
+    """exp(i * angle) in complex64. The angle is reduced mod 2 pi in float64 first: at positions
+    of 1e5 a float32 angle would be off by ~1e-2 rad."""
+    a = torch.remainder(angle.double(), 2 * math.pi).float()
+    return torch.polar(torch.ones_like(a), a)
 
 
 def offset_mean(inv_freq: torch.Tensor, offset_max: int) -> torch.Tensor:
@@ -67,13 +73,13 @@ def trig_scores(view: LayerView, inv_freq: torch.Tensor, offset_max: int) -> tor
     spread = zq.abs().mean(dim=2) - c.abs()  # >= 0: the query norm not explained by the centre
     zk = unrotate(view.keys, view.positions, inv_freq)  # (B, H_kv, N, F)
     now = view.positions.amax() + 1  # the next token's position
-    angle = (now - view.positions).to(torch.float64).unsqueeze(-1) * inv_freq  # (B, H_kv, N, F)
-    phase = torch.polar(torch.ones_like(angle), angle) * offset_mean(inv_freq, offset_max)
+    dist = (now - view.positions).to(torch.float64).unsqueeze(-1)  # (B, H_kv, N, 1)
+    phase = unit(dist * inv_freq) * offset_mean(inv_freq, offset_max).to(torch.complex64)
     rot_k = (zk.conj() * phase).unsqueeze(2)  # (B, H_kv, 1, N, F)
     c = c.reshape(b, hkv, g, 1, -1)
     trig = (c * rot_k).real.sum(dim=-1)  # (B, H_kv, g, N)
     extra = (spread.reshape(b, hkv, g, 1, -1) * zk.abs().unsqueeze(2)).sum(dim=-1)
-    return (trig + extra).reshape(b, hkv * g, n).float()
+    return (trig + extra).reshape(b, hkv * g, n)
 
 
 def norm_scores(view: LayerView) -> torch.Tensor:
