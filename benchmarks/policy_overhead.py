@@ -9,16 +9,14 @@ rkv, triattention) <= 3%, none > 5%.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _model  # noqa: E402
-import torch  # noqa: E402
 
-from kvagent.bench.speed import _ids, _sync, speed_config  # noqa: E402
+from kvagent.bench.speed import decode_latency  # noqa: E402
 from kvagent.runtime import Engine  # noqa: E402
 
 POLICIES = (
@@ -39,35 +37,6 @@ def policy_args(policy: str, model) -> dict:
     return {}
 
 
-def round_cost(engine, policy: str, args: dict, k: int, r: int, steps: int, seed: int = 0) -> dict:
-    """Time `steps` decode steps from a cache one token short of K + r, rounds included."""
-    cfg = dataclasses.replace(speed_config(policy, k, r), policy_args=args)
-    s = engine.session(cfg)
-    gen = torch.Generator().manual_seed(seed)
-    vocab = engine.model.config.vocab_size
-    # k + 2r - 1: the prefill already runs one round (first calls of a policy's kernels are slow),
-    # and the cache then sits one token short of K + r, as in the timed steady state.
-    s.append(_ids(gen, k + 2 * r - 1, vocab))
-    toks = _ids(gen, steps, vocab)
-    before = s.stats.to_dict()
-    _sync(engine)
-    t0 = time.perf_counter()
-    for t in toks:
-        s.step(t)
-    _sync(engine)
-    wall = time.perf_counter() - t0
-    after = s.stats.to_dict()
-    scoring = after["scoring_s"] - before["scoring_s"]
-    compaction = after["compaction_s"] - before["compaction_s"]
-    return {
-        "rounds": after["rounds"] - before["rounds"],
-        "step_ms": 1000 * wall / steps,
-        "scoring_share": scoring / wall,
-        "compaction_share": compaction / wall,
-        "round_share": (scoring + compaction) / wall,
-    }
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small model, K=512 (a smoke run)")
@@ -84,7 +53,10 @@ def main() -> None:
     )
     print(f"{'policy':<12} {'rounds':>6} {'step ms':>8} {'scoring':>8} {'compact':>8} {'total':>8}  goal")
     for p in args.policies.split(","):
-        row = round_cost(engine, p, policy_args(p, model), k, r, steps)
+        # Start just below K + r so every round in the timed window is a decode-time round.
+        # k + 2r - 1: the prefill already runs one round (first calls of a policy's kernels are
+        # slow), and the cache then sits one token short of K + r, as in the timed steady state.
+        (row,) = decode_latency(engine, p, [k + 2 * r - 1], k, r, steps, policy_args=policy_args(p, model))
         goal = GOALS.get(p, 0.05)
         ok = "ok" if row["round_share"] <= goal else "OVER"
         print(
