@@ -164,7 +164,6 @@ def test_sampling_is_seeded(qwen3_engine):
     assert draw(1) != draw(2)
 
 
-@register
 class _BlockTestPolicy(BasePolicy):
     name = "_test_block32"
     shared_across_heads = True
@@ -174,7 +173,18 @@ class _BlockTestPolicy(BasePolicy):
         return view.positions[:, :1].float()
 
 
-def test_config_errors_are_one_line_and_name_the_field(qwen3_engine):
+@pytest.fixture
+def block_test_policy():
+    # Registered only for the test that needs it: tests that enumerate the registry (the oracle
+    # matrix, batched-equals-solo) must see the built-in policies alone.
+    from kvagent.runtime.policies import base
+
+    register(_BlockTestPolicy)
+    yield _BlockTestPolicy.name
+    base._REGISTRY.pop(_BlockTestPolicy.name, None)
+
+
+def test_config_errors_are_one_line_and_name_the_field(qwen3_engine, block_test_policy):
     with pytest.raises(ConfigError, match="^policy: unknown policy 'nope'"):
         CacheConfig(policy="nope")
     with pytest.raises(ConfigError, match="^budget: 100 is not a multiple of _test_block32's block 32"):
