@@ -2,8 +2,10 @@
 
 result = run_episode(session, env, issue_text, AgentConfig(), tokenizer=engine.tokenizer)
 result = solve_episode(engine, env, issue_text, cache_config=..., trajectory_path="run.traj.json")
+chat = ChatAgent(session, env, tokenizer, on_text=print); chat.ask("..."); chat.ask("and then ...")
 """
 
+from kvagent.agent.chat import ChatAgent
 from kvagent.agent.config import AgentConfig
 from kvagent.agent.interfaces import Engine, Environment, Generated, ModelSession, ToolResult
 from kvagent.agent.loop import EXIT_STATUSES, Agent, AgentEvent, EpisodeResult, Turn, run_episode
@@ -29,6 +31,7 @@ __all__ = [
     "Agent",
     "AgentConfig",
     "AgentEvent",
+    "ChatAgent",
     "ChatMLRenderer",
     "Engine",
     "Environment",

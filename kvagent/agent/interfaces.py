@@ -1,6 +1,7 @@
 """What the agent needs from a model session and from a sandbox, as structural types.
 
-`kvagent.runtime.Session` and `kvagent.sandbox.Sandbox` satisfy these; tests use small doubles."""
+`kvagent.runtime.Session` and `kvagent.sandbox.Sandbox` satisfy these; tests use the doubles of
+`kvagent.testing`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Protocol
 class Generated(Protocol):
     ids: Sequence[int]  # every sampled id, the last one included; all were fed into the cache
     text: str
-    finish_reason: str  # "eos" | "stop" | "length"
+    finish_reason: str  # "eos" | "stop" | "length" | "interrupted"
 
 
 class ModelSession(Protocol):
@@ -25,7 +26,9 @@ class ModelSession(Protocol):
 
     def append(self, ids: Sequence[int]) -> Any: ...
 
-    def generate(self, max_new_tokens: int, sampling: Any = ..., stop: Sequence[str] = ...) -> Generated: ...
+    def generate(
+        self, max_new_tokens: int, sampling: Any = ..., stop: Sequence[str] = ..., on_token: Any = ...
+    ) -> Generated: ...  # on_token(id) -> bool: sees each id; true ends the reply ("interrupted")
 
 
 class ToolResult(Protocol):

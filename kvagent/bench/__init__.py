@@ -1,5 +1,6 @@
 """kvagent.bench: fidelity replay and speed benchmarks of eviction policies (`kvagent bench`).
 
-episodes = load_episodes(["gen:seed=0,turns=24", "runs/x.traj.json"])
-records = run_fidelity(engine, episodes, grid, out_dir="bench-out")
+episodes = load_episodes(["gen:seed=0,turns=24", "runs/x.traj.json"], open_env=local_sandbox)  # sources.py
+streams = [build_stream(e, engine.tokenizer) for e in episodes]                               # stream.py
+records = run_fidelity(engine, streams, make_grid(...), "bench-out", "smollm2")               # fidelity.py
 """

@@ -8,8 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from kvagent.errors import KvagentError
-from kvagent.evals.stats import _budget_key, budget_label, load_runs, summarize
+from kvagent.evals.stats import _budget_key, load_runs, summarize
 from kvagent.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+
+def budget_cell(budget: Any) -> str:
+    return "-" if budget is None else str(budget)
 
 
 def _pct(x: float | None) -> str:
@@ -25,7 +29,7 @@ def _p(p: float) -> str:
 
 
 def _ref(c: dict[str, Any]) -> str:
-    return "" if c["b_budget"] == c["budget"] else f" ({budget_label(c['b_budget'])})"
+    return "" if c["b_budget"] == c["budget"] else f" ({budget_cell(c['b_budget'])})"
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -46,7 +50,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lo, hi = r["pass_at_1_ci"]
         kv = r["mean_kv_bytes"]
         lines.append(
-            f"| {r['policy']} | {r['mode']} | {budget_label(r['budget'])} | {r['n_instances']} | "
+            f"| {r['policy']} | {r['mode']} | {budget_cell(r['budget'])} | {r['n_instances']} | "
             f"{len(r['seeds'])} | {r['resolved']:.2f} | {_pct(r['pass_at_1'])} | [{_pct(lo)}, {_pct(hi)}] | "
             f"{_pct(r['pass_at_k'])} | {_num(r['mean_steps'])} | {_num(r['mean_tokens'], 0)} | "
             f"{_num(r['mean_evictions'])} | {_num(None if kv is None else kv / 2**20)} |"
@@ -62,7 +66,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         for c in summary["comparisons"]:
             lo, hi = c["diff_ci"]
             lines.append(
-                f"| {c['mode']} | {budget_label(c['budget'])} | {c['a']} | {c['b']}{_ref(c)} | {c['n_paired']} | "
+                f"| {c['mode']} | {budget_cell(c['budget'])} | {c['a']} | {c['b']}{_ref(c)} | {c['n_paired']} | "
                 f"{_pct(c['diff'])} | [{_pct(lo)}, {_pct(hi)}] | {c['a_better']} | {c['b_better']} | "
                 f"{_p(c['sign_test_p'])} |"
             )

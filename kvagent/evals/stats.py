@@ -1,7 +1,7 @@
 """Statistics over finished runs: Resolved / Pass@1 per configuration, paired clustered bootstrap CIs,
 exact sign tests between policies, and mean cost figures.
 
-A configuration is (policy, mode, budget). An instance's score under a configuration is the mean of its
+A configuration is (policy, mode, budget): a `RunSpec` without its seed. An instance's score under a configuration is the mean of its
 `resolved` over seeds; Pass@1 is the mean of those scores over instances. Uncertainty comes from the
 instances (the clusters): every bootstrap replicate draws one multiset of instances and evaluates all
 configurations on it, so differences between configurations are paired.
@@ -20,26 +20,22 @@ import numpy as np
 
 from kvagent.errors import KvagentError
 from kvagent.fileio import read_jsonl
+from kvagent.runspec import RunSpec
 
 RUN_FIELDS = ("instance_id", "policy", "mode", "budget", "seed", "resolved")
 COST_FIELDS = ("steps", "tokens", "evictions", "kv_bytes")
 
 
-@dataclass(frozen=True, order=False)
-class Config:
-    policy: str
-    mode: str
-    budget: Any  # int / float tokens, or None (e.g. the `full` policy)
-
-    def label(self) -> str:
-        return f"{self.policy}/{self.mode}/{budget_label(self.budget)}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy, "mode": self.mode, "budget": self.budget}
+def config_of(run: Mapping[str, Any]) -> RunSpec:
+    """The configuration a run record belongs to (a float budget that is a whole number is tokens)."""
+    budget = run["budget"]
+    if isinstance(budget, float) and budget.is_integer():
+        budget = int(budget)
+    return RunSpec(str(run["policy"]), str(run["mode"]), budget=budget)
 
 
-def budget_label(budget: Any) -> str:
-    return "-" if budget is None else str(budget)
+def config_fields(cfg: RunSpec) -> dict[str, Any]:
+    return {"policy": cfg.policy, "mode": cfg.mode, "budget": cfg.budget}
 
 
 def _budget_key(budget: Any) -> tuple[int, float, str]:
@@ -89,21 +85,17 @@ class Table:
     """Per-instance scores: `scores[c, i]` = mean resolved over seeds of instance i under config c
     (NaN where config c has no run of instance i)."""
 
-    configs: list[Config]
+    configs: list[RunSpec]
     instances: list[str]
     scores: np.ndarray
     seeds: list[list[Any]]  # per config, the seeds seen
-    runs: dict[Config, list[dict[str, Any]]]
+    runs: dict[RunSpec, list[dict[str, Any]]]
 
 
 def build_table(runs: Iterable[Mapping[str, Any]]) -> Table:
-    by_cfg: dict[Config, list[dict[str, Any]]] = {}
+    by_cfg: dict[RunSpec, list[dict[str, Any]]] = {}
     for r in runs:
-        budget = r["budget"]
-        if isinstance(budget, float) and budget.is_integer():
-            budget = int(budget)
-        cfg = Config(str(r["policy"]), str(r["mode"]), budget)
-        by_cfg.setdefault(cfg, []).append(dict(r))
+        by_cfg.setdefault(config_of(r), []).append(dict(r))
     configs = sorted(by_cfg, key=lambda c: (c.mode, c.policy, _budget_key(c.budget)))
     instances = sorted({str(r["instance_id"]) for rs in by_cfg.values() for r in rs})
     col = {iid: j for j, iid in enumerate(instances)}
@@ -188,8 +180,8 @@ def summarize(
             exit_counts[key] = exit_counts.get(key, 0) + 1
         rows.append(
             {
-                **cfg.as_dict(),
-                "label": cfg.label(),
+                **config_fields(cfg),
+                "label": cfg.label,
                 "n_instances": int(present.sum()),
                 "n_runs": len(cruns),
                 "seeds": table.seeds[c],
