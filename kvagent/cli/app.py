@@ -308,6 +308,24 @@ def images_build(
     run_images_build(instances=instances, dataset=dataset, split=split, recipes=recipes, rebuild=rebuild)
 
 
+@images_app.command("check")
+@user_errors
+def images_check(
+    instances: Annotated[str, typer.Option(help="Instance ids (comma list) or a selection (re:..., 0:3).")],
+    dataset: Annotated[str, typer.Option(help="Dataset holding the instances.")],
+    split: Split = "test",
+    recipes: Annotated[list[str] | None, typer.Option("--recipes", help="Extra recipe files (JSON).")] = None,
+    rebuild: Annotated[bool, typer.Option(help="Rebuild existing images.")] = False,
+    out: Annotated[str, typer.Option(help="Directory for check.json and the grading logs.")] = "check-out",
+    timeout: Annotated[int, typer.Option(help="Seconds per test run.")] = 1800,
+) -> None:
+    """Is each recipe good? Builds, FAIL_TO_PASS fail before gold, empty patch fails, gold resolves."""
+    from kvagent.cli.images_check import run_images_check
+
+    run_images_check(instances=instances, dataset=dataset, split=split, recipes=recipes, rebuild=rebuild,
+                     out=out, timeout=timeout)  # fmt: skip
+
+
 @bench_app.command("fidelity")
 @user_errors
 def bench_fidelity(

@@ -23,12 +23,8 @@ def run_images_check(
 
     from kvagent.evals.check import check_instances, format_report
     from kvagent.evals.datasets import load_instances
+    from kvagent.evals.recipe import load_recipes
     from kvagent.fileio import atomic_write_json
-
-    try:
-        from kvagent.evals.recipe import load_recipes
-    except ImportError:  # before recipes moved out of images.py
-        from kvagent.evals.images import load_recipes
 
     recipe_map = load_recipes(recipes or ())
     targets = load_instances(dataset, split=split, select=instances)
