@@ -21,6 +21,7 @@ def run_images_check(
     when any instance is not verified, so scripts can gate on it."""
     import typer
 
+    from kvagent.cli.environments import check_sandbox
     from kvagent.evals.check import check_instances, format_report
     from kvagent.evals.datasets import load_instances
     from kvagent.evals.recipe import load_recipes
@@ -29,7 +30,13 @@ def run_images_check(
     recipe_map = load_recipes(recipes or ())
     targets = load_instances(dataset, split=split, select=instances)
     reports = check_instances(
-        targets, recipes=recipe_map, rebuild=rebuild, timeout=timeout, out_dir=out, log=typer.echo
+        targets,
+        open_image=check_sandbox,
+        recipes=recipe_map,
+        rebuild=rebuild,
+        timeout=timeout,
+        out_dir=out,
+        log=typer.echo,
     )
     Path(out).mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(out) / "check.json", reports)
