@@ -4,11 +4,13 @@ decode steps). Goals: random <= 1%, nexus and the second-wave policies (tova, kn
 rkv, triattention) <= 3%, none > 5%.
 
     .venv/bin/python benchmarks/policy_overhead.py [--quick] [--device cuda] [--policies a,b]
+        [--head-budget adaptive]   (Ada-KV head budgets; policies that refuse them are skipped)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _model  # noqa: E402
 
 from kvagent.bench.speed import decode_latency  # noqa: E402
+from kvagent.errors import ConfigError  # noqa: E402
 from kvagent.runtime import Engine  # noqa: E402
 
 POLICIES = (
@@ -30,10 +33,12 @@ GOALS = {
 }
 
 
-def policy_args(policy: str, model) -> dict:
+def policy_args(policy: str, model, head_budget: str = "uniform") -> dict:
     # TriAttention un-rotates keys with the model's RoPE base (the LayerView carries none).
     if policy == "triattention":
         return {"rope_theta": float(model.config.rope_parameters["rope_theta"])}
+    if policy == "tova" and head_budget == "adaptive":
+        return {"shared": False}  # adaptive head budgets need one keep-set per head
     return {}
 
 
@@ -42,21 +47,33 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small model, K=512 (a smoke run)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--head-budget", default="uniform", choices=("uniform", "adaptive"))
     args = ap.parse_args()
     model = _model.build(args.quick)
     engine = Engine.load(model, tokenizer=_model.tokenizer(), device=args.device)
+    if args.head_budget != "uniform":
+        # decode_latency builds its own CacheConfig: give each of its sessions this head budget.
+        plain = engine.session
+        engine.session = lambda cfg: plain(dataclasses.replace(cfg, head_budget=args.head_budget))
     k, r = (512, 128) if args.quick else (2048, 128)
     steps = 4 * r  # four rounds per policy
     print(
         f"model: Qwen3-shaped random, {_model.n_params(model) / 1e6:.0f}M params on {engine.device} "
-        f"({engine.dtype}); K={k}, r={r}, {steps} decode steps from a full cache; {time.strftime('%Y-%m-%d %H:%M')}"
+        f"({engine.dtype}); K={k}, r={r}, head budget {args.head_budget}, {steps} decode steps from a "
+        f"full cache; {time.strftime('%Y-%m-%d %H:%M')}"
     )
     print(f"{'policy':<12} {'rounds':>6} {'step ms':>8} {'scoring':>8} {'compact':>8} {'total':>8}  goal")
     for p in args.policies.split(","):
         # Start just below K + r so every round in the timed window is a decode-time round.
         # k + 2r - 1: the prefill already runs one round (first calls of a policy's kernels are
         # slow), and the cache then sits one token short of K + r, as in the timed steady state.
-        (row,) = decode_latency(engine, p, [k + 2 * r - 1], k, r, steps, policy_args=policy_args(p, model))
+        try:
+            (row,) = decode_latency(
+                engine, p, [k + 2 * r - 1], k, r, steps, policy_args=policy_args(p, model, args.head_budget)
+            )
+        except ConfigError as e:
+            print(f"{p:<12} skipped: {e}", flush=True)
+            continue
         goal = GOALS.get(p, 0.05)
         ok = "ok" if row["round_share"] <= goal else "OVER"
         print(

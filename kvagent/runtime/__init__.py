@@ -2,7 +2,8 @@
 
 from kvagent.runtime.config import CacheConfig, Sampling
 from kvagent.runtime.engine import Engine
-from kvagent.runtime.session import Generation, Session
+from kvagent.runtime.generation import Generation
+from kvagent.runtime.session import Session
 from kvagent.runtime.stats import CacheStats
 
 __all__ = ["CacheConfig", "CacheStats", "Engine", "Generation", "Sampling", "Session"]

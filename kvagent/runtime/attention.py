@@ -45,16 +45,20 @@ def resolve_backend(attn: str, device: torch.device) -> str:
     return attn
 
 
-def _sdpa(query, key, value, scaling):
+def _sdpa(query, key, value, scaling, valid=None):
+    """`valid` (B, H_kv, kv_len) bool hides a ragged layer's PAD entries (cache.py), per head."""
     q_len, kv_len = query.shape[2], key.shape[2]
     mask = None
     causal = False
     if q_len > 1:
-        if q_len == kv_len:
+        if q_len == kv_len and valid is None:
             causal = True
         else:
             mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
     gqa = query.shape[1] != key.shape[1]
+    if valid is not None:
+        per_head = valid.repeat_interleave(query.shape[1] // key.shape[1], dim=1).unsqueeze(2)
+        mask = per_head if mask is None else per_head & mask
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, is_causal=causal, scale=scaling, enable_gqa=gqa
     )
@@ -86,9 +90,13 @@ def kvagent_attention(module, query, key, value, attention_mask, scaling=None, d
     if getattr(cache, "packed", False):
         # Many sessions in one forward (batch.py): each attends its own cache.
         return cache.attend(module.layer_idx, query, scaling), None
-    if cache is not None and cache.backend == "flash" and query.is_cuda:
+    layer = cache.layers[module.layer_idx] if cache is not None else None
+    if hasattr(layer, "attend"):  # head_budget=adaptive: a buffer per KV head (heads.py)
+        return layer.attend(query, scaling, cache.backend), None
+    valid = layer.valid(key.shape[2]) if hasattr(layer, "valid") else None
+    if valid is None and cache is not None and cache.backend == "flash" and query.is_cuda:
         return _flash(query, key, value, scaling), None
-    return _sdpa(query, key, value, scaling), None
+    return _sdpa(query, key, value, scaling, valid), None
 
 
 def kvagent_mask(*args, **kwargs):

@@ -29,7 +29,25 @@ class AuditRound:
     layer: int
     logical_length: int  # tokens fed so far; positions seen are 0 .. logical_length - 1
     prompt_length: int  # protected-prompt positions 0 .. prompt_length - 1 (0 if none)
-    kept: torch.Tensor  # (H_kv, N) logical positions held by each head after the round
+    kept: torch.Tensor  # (H_kv, N) logical positions held by each head after the round (-1: PAD)
+    forced: bool = False  # a Session.forget drop rather than a policy round
+
+
+def record(session, layer_idx: int, forced: bool = False) -> None:
+    """Append what `layer_idx` of `session` holds now to its audit (if it keeps one)."""
+    if session.audit is None:
+        return
+    protect = session.config.protect == "prompt"
+    session.audit.append(
+        AuditRound(
+            round=session._round,
+            layer=layer_idx,
+            logical_length=session.logical_length,
+            prompt_length=(session.prompt_length or 0) if protect else 0,
+            kept=session.cache.layers[layer_idx].live()[2][0].detach().cpu().clone(),
+            forced=forced,
+        )
+    )
 
 
 def _kept(r: AuditRound) -> torch.Tensor:
@@ -72,7 +90,7 @@ def prompt_survival(rounds: Sequence[AuditRound]) -> dict:
         if p <= 0:
             continue
         k = _kept(r)
-        in_prompt = k < p  # kept positions are distinct within a head
+        in_prompt = (k >= 0) & (k < p)  # kept positions are distinct within a head; -1 is PAD
         per_head = in_prompt.sum(dim=1).double().mean().item() / p
         union = torch.unique(k[in_prompt]).numel() / p
         rows.append({"round": r.round, "layer": r.layer, "union": union, "per_head": per_head})
@@ -145,8 +163,9 @@ def cross_head_coverage(rounds: Sequence[AuditRound]) -> dict:
         if length <= 0:
             continue
         k = _kept(r)
-        per_head = k.shape[1] / length
-        union = torch.unique(k).numel() / length
+        real = k >= 0  # not PAD entries
+        per_head = real.sum(dim=1).double().mean().item() / length
+        union = torch.unique(k[real]).numel() / length
         rows.append(
             {
                 "round": r.round,

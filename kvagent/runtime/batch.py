@@ -115,7 +115,8 @@ def _runs(chunks: list[Chunk], li: int) -> list[list[Chunk]]:
 
 
 def _batchable(c: Chunk, li: int) -> bool:
-    return len(c.ids) == 1 and c.cache.layers[li].in_slot
+    layer = c.cache.layers[li]
+    return len(c.ids) == 1 and layer.in_slot and not layer.ragged
 
 
 def _joins(run: list[Chunk], c: Chunk, li: int) -> bool:
@@ -130,11 +131,15 @@ def _joins(run: list[Chunk], c: Chunk, li: int) -> bool:
 
 
 def _attend_alone(c: Chunk, li: int, query, scaling, backend) -> torch.Tensor:
-    keys, values, _ = c.cache.layers[li].live()
+    layer = c.cache.layers[li]
     q = query[:, :, c.start : c.end]
-    if backend == "flash" and q.is_cuda:
+    if hasattr(layer, "attend"):  # head_budget=adaptive (heads.py)
+        return layer.attend(q, scaling, backend)
+    keys, values, _ = layer.live()
+    valid = layer.valid()
+    if valid is None and backend == "flash" and q.is_cuda:
         return _flash(q, keys, values, scaling)
-    return _sdpa(q, keys, values, scaling)
+    return _sdpa(q, keys, values, scaling, valid)
 
 
 def _attend_run(run: list[Chunk], li: int, query, scaling, backend) -> torch.Tensor:

@@ -1,5 +1,7 @@
-"""The one rule about a budget and the protected prompt: with protect=prompt every token of the first
-prompt is kept, so each layer's K must exceed the prompt's length, or no round could evict anything.
+"""The one rule about a budget and what is protected: at every eviction round each layer's K must
+exceed the entries that are never evicted (protect=prompt: the whole first prompt; protect=sink: the
+first SINK_TOKENS), or the round could evict nothing. K only grows after the first round (a token
+budget is fixed, a fraction grows with the episode), so the first round decides.
 
 The session applies it at its first append; commands apply it earlier (before a sandbox opens or a
 benchmark starts) with the prompt's length from the tokenizer."""
@@ -10,33 +12,86 @@ import math
 from typing import Any
 
 from kvagent.errors import ConfigError
-from kvagent.runtime.config import CacheConfig
+from kvagent.runtime.config import SINK_TOKENS, CacheConfig
+
+_SEARCH_LIMIT = 1 << 26  # logical tokens; no first round below it = none that matters
 
 
-def _smallest_budget(config: CacheConfig, n_layers: int, policy: Any = None) -> int:
+def _policy(config: CacheConfig, policy: Any) -> Any:
     if policy is None:
         from kvagent.runtime.policies import make_policy
 
         policy = make_policy(config.policy, **config.policy_args)
-    return min(int(k) for k in policy.layer_budgets(config.budget, n_layers))
+    return policy
+
+
+def _layer_ks(config: CacheConfig, policy: Any, n_layers: int, logical_length: int) -> list[int]:
+    """Each layer's K at `logical_length` (the session's `_layer_budgets`)."""
+    b = config.budget
+    k = b if isinstance(b, int) else max(1, int(b * logical_length))
+    return [int(x) for x in policy.layer_budgets(k, n_layers)]
+
+
+def _first_round(
+    config: CacheConfig, policy: Any, n_layers: int, prompt_length: int, layer: int
+) -> int | None:
+    """The logical length at which `layer` first evicts, where it can be known before the episode
+    (None: no round, or one whose timing depends on the episode)."""
+    b, r = config.budget, config.buffer
+    if config.mode == "reprefill":
+        # Every append rebuilds the cache and cuts it to K at once.
+        k = _layer_ks(config, policy, n_layers, prompt_length)[layer]
+        if prompt_length > k:
+            return prompt_length
+        if not isinstance(b, int):
+            return None
+    if isinstance(b, int):
+        return _layer_ks(config, policy, n_layers, 0)[layer] + r
+
+    # A fraction: the first length that reaches K(L) + r, found by bisection (L - K(L) grows with L).
+    def due(n: int) -> bool:
+        return n >= _layer_ks(config, policy, n_layers, n)[layer] + r
+
+    if not due(_SEARCH_LIMIT):
+        return None
+    lo, hi = 1, _SEARCH_LIMIT
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if due(mid) else (mid + 1, hi)
+    # With scope=prefill, decoding never evicts: past the prompt, the round waits for the next append.
+    return lo if config.scope == "prefill+decode" or lo <= prompt_length else None
 
 
 def prompt_fit_problem(
-    config: CacheConfig, prompt_length: int, n_layers: int = 1, policy: Any = None
+    config: CacheConfig, prompt_length: int, n_layers: int = 1, policy: Any = None, option: str = "--budget"
 ) -> str | None:
-    """Why `config` cannot hold a protected first prompt of `prompt_length` tokens (None if it can).
-    Only int budgets are checked: a fractional K grows with the episode."""
-    if not (config.evicts and config.protect == "prompt" and isinstance(config.budget, int)):
+    """Why `config` could evict nothing at its first round with a first prompt of `prompt_length`
+    tokens (None if it can). `option` is the flag the advice names (eval's is --budgets)."""
+    if not config.evicts or config.protect == "none":
         return None
-    smallest = _smallest_budget(config, n_layers, policy)
-    if prompt_length < smallest:
-        return None
-    where = "" if smallest == config.budget else " (smallest layer)"
-    return (
-        f"budget: K={smallest}{where} but protect=prompt protects all {prompt_length} prompt tokens, so "
-        f"nothing could be evicted; use a budget above {prompt_length} (e.g. --budget "
-        f"{roomy_budget(prompt_length)}) or --protect sink"
-    )
+    policy = _policy(config, policy)
+    for layer in range(n_layers):
+        at = _first_round(config, policy, n_layers, prompt_length, layer)
+        if at is None:
+            continue
+        k = _layer_ks(config, policy, n_layers, at)[layer]
+        protected = prompt_length if config.protect == "prompt" else min(SINK_TOKENS, at)
+        if protected < k:
+            continue
+        kept = f"K={k}" if isinstance(config.budget, int) else f"K={config.budget} ({k} tokens at {at})"
+        where = " (smallest layer)" if isinstance(config.budget, int) and k != config.budget else ""
+        if config.protect == "sink":
+            return (
+                f"budget: {kept}{where} but protect=sink protects the first {SINK_TOKENS} tokens, so "
+                f"nothing could be evicted; use a budget above {SINK_TOKENS} tokens"
+            )
+        need = roomy_budget(prompt_length)
+        return (
+            f"budget: {kept}{where} but protect=prompt protects all {prompt_length} prompt tokens, so "
+            f"nothing could be evicted; use a budget above {prompt_length} (e.g. {option} {need}) or "
+            "--protect sink"
+        )
+    return None
 
 
 def check_prompt_fits(config: CacheConfig, prompt_length: int, n_layers: int = 1, policy: Any = None) -> None:

@@ -5,6 +5,10 @@ buffer, so evicted memory is really freed. Entries stay in logical-position orde
 that batches, an evicting session's buffers are instead views of its slot in a pool
 (`pool.py`) and compaction writes back into the slot; a layer that must outgrow its slot (scope
 `prefill` overflow) moves to private buffers until a compaction brings it back.
+
+`Session.forget` can leave the heads of a layer holding different counts. The layout stays
+rectangular: a head with fewer entries starts with padding entries at position -1 (`PAD`), which
+attention masks out (the layer is then `ragged`) and rounds drop before any real entry.
 """
 
 from __future__ import annotations
@@ -12,11 +16,46 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+PAD = -1  # position of a padding entry (a head holding fewer entries than the layer's n)
 
-class EvictableLayer(CacheLayerMixin):
-    """One layer: keys/values (B, H_kv, cap, D), positions (B, H_kv, cap); the first `n` are live."""
+
+def keep_index(positions: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    """(B, H_kv, M) index of the entries to keep, M = the most any head keeps; a head keeping
+    fewer starts with -1 (PAD). Kept entries stay in position order; old PADs are not kept."""
+    keep = ~drop & (positions >= 0)
+    counts = keep.sum(dim=-1, keepdim=True)
+    m = int(counts.max().item()) if counts.numel() else 0
+    order = (~keep).to(torch.int8).argsort(dim=-1, stable=True)  # kept entries first, in order
+    src = torch.arange(m, device=positions.device) - (m - counts)  # right-align each head's kept run
+    return order.gather(-1, src.clamp(min=0)).masked_fill_(src < 0, -1)
+
+
+class LayerBase(CacheLayerMixin):
+    """What transformers asks of every kvagent cache layer; `stores()` are the tensors it holds."""
 
     is_sliding = False
+    n = 0
+
+    def stores(self) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def nbytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        return sum(t.numel() * t.element_size() for t in self.stores())
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.n + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.n
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class EvictableLayer(LayerBase):
+    """One layer: keys/values (B, H_kv, cap, D), positions (B, H_kv, cap); the first `n` are live."""
 
     def __init__(self, owner: EvictableCache, layer_idx: int) -> None:
         super().__init__()
@@ -26,6 +65,7 @@ class EvictableLayer(CacheLayerMixin):
         self.capacity_hint = 0  # preferred capacity (K + r when evicting) so decode never reallocates
         self.positions: torch.Tensor | None = None
         self.in_slot = False  # keys/values/positions are views of owner.slot (batched engines)
+        self.ragged = False  # some head starts with PAD entries (after Session.forget)
 
     def _slot_views(self):
         slot = self.owner.slot
@@ -74,16 +114,22 @@ class EvictableLayer(CacheLayerMixin):
     def live(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.keys[:, :, : self.n], self.values[:, :, : self.n], self.positions[:, :, : self.n]
 
-    def compact(self, index: torch.Tensor, capacity: int) -> None:
-        """Keep entries `index` (B, H_kv, M), sorted along M, in fresh tensors of `capacity`."""
+    def compact(self, index: torch.Tensor, capacity: int, pad: bool = False) -> None:
+        """Keep entries `index` (B, H_kv, M), sorted along M, in fresh tensors of `capacity`.
+        With `pad`, index -1 (only at the front of a head) makes a PAD entry there."""
         keys, values, positions = self.live()
         m = index.shape[-1]
+        src = index.clamp(min=0) if pad else index
+        # Gather to temporaries first: in a slot, source and destination may overlap.
+        k = keys.gather(2, src.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1]))
+        v = values.gather(2, src.unsqueeze(-1).expand(-1, -1, -1, values.shape[-1]))
+        p = positions.gather(2, src)
+        if pad:
+            p.masked_fill_(index < 0, PAD)
+        if pad or self.ragged:
+            self.ragged = bool((p < 0).any())
         views = self._slot_views()
         if views is not None and m <= views[0].shape[-2]:
-            # In place: gather to temporaries first, since source and destination may overlap.
-            k = keys.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1]))
-            v = values.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, values.shape[-1]))
-            p = positions.gather(2, index)
             self.keys, self.values, self.positions = views
             self.keys[:, :, :m], self.values[:, :, :m], self.positions[:, :, :m] = k, v, p
             self.n, self.in_slot = m, True
@@ -92,11 +138,27 @@ class EvictableLayer(CacheLayerMixin):
         new_k = keys.new_empty((*keys.shape[:2], cap, keys.shape[-1]))
         new_v = values.new_empty((*values.shape[:2], cap, values.shape[-1]))
         new_p = positions.new_empty((*positions.shape[:2], cap))
-        new_k[:, :, :m] = keys.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1]))
-        new_v[:, :, :m] = values.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, values.shape[-1]))
-        new_p[:, :, :m] = positions.gather(2, index)
+        new_k[:, :, :m], new_v[:, :, :m], new_p[:, :, :m] = k, v, p
         self.keys, self.values, self.positions, self.n = new_k, new_v, new_p, m
         self.in_slot = False
+
+    def load(self) -> int:
+        """Entries per head: what a round's trigger compares with K + r."""
+        return self.n
+
+    def held(self) -> int:
+        """Real (head, entry) pairs held, PADs not counted."""
+        if not self.is_initialized:
+            return 0
+        if self.ragged:
+            return int((self.live()[2] >= 0).sum().item())
+        return self.n * self.keys.shape[0] * self.keys.shape[1]
+
+    def valid(self, length: int | None = None) -> torch.Tensor | None:
+        """(B, H_kv, length) bool: which of the first `length` entries are real; None if all are."""
+        if not self.ragged:
+            return None
+        return self.positions[:, :, : self.n if length is None else length] >= 0
 
     def attach_slot(self) -> None:
         """Move the live entries into the owner's slot (after a reprefill compressed them to K)."""
@@ -108,24 +170,13 @@ class EvictableLayer(CacheLayerMixin):
         self.keys, self.values, self.positions = views
         self.in_slot = True
 
-    def nbytes(self) -> int:
-        if not self.is_initialized:
-            return 0
-        return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.positions))
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.n + query_length, 0
-
-    def get_seq_length(self) -> int:
-        return self.n
-
-    def get_max_length(self) -> int:
-        return -1
+    def stores(self) -> tuple[torch.Tensor, ...]:
+        return self.keys, self.values, self.positions
 
     def reset(self) -> None:
         self.keys = self.values = self.positions = None
         self.n = 0
-        self.is_initialized = self.in_slot = False
+        self.is_initialized = self.in_slot = self.ragged = False
 
 
 class EvictableCache(Cache):
@@ -134,9 +185,16 @@ class EvictableCache(Cache):
     round."""
 
     def __init__(
-        self, n_layers: int, window: int, record: bool, keep_pending: bool, backend: str = "sdpa", slot=None
+        self,
+        n_layers: int,
+        window: int,
+        record: bool,
+        keep_pending: bool,
+        backend: str = "sdpa",
+        slot=None,
+        layer_class: type | None = None,  # head_budget=adaptive: heads.HeadLayer, a buffer per KV head
     ):
-        super().__init__(layers=[EvictableLayer(self, i) for i in range(n_layers)])
+        super().__init__(layers=[(layer_class or EvictableLayer)(self, i) for i in range(n_layers)])
         self.slot = slot  # a pool Slot on batching engines (evicting sessions), else None
         self.window = window
         self.record = record
@@ -178,6 +236,9 @@ class EvictableCache(Cache):
 
     def entries(self) -> list[int]:
         return [layer.n for layer in self.layers]
+
+    def loads(self) -> list[int]:
+        return [layer.load() for layer in self.layers]
 
     def attach_slot(self, slot) -> None:
         self.slot = slot

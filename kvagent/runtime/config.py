@@ -10,6 +10,7 @@ from kvagent.errors import ConfigError
 PROTECT = ("prompt", "sink", "none")
 SCOPES = ("prefill", "prefill+decode")
 MODES = ("persistent", "reprefill")
+HEAD_BUDGETS = ("uniform", "adaptive")
 SINK_TOKENS = 4
 
 
@@ -28,6 +29,7 @@ class CacheConfig:
     policy_args: dict[str, Any] = field(default_factory=dict)
     audit: bool = False  # record kept positions per (layer, head) at every round
     prefill_chunk: int = 512  # tokens per forward while prefilling (bounds activation memory)
+    head_budget: str = "uniform"  # "adaptive": Ada-KV, heads of a layer share K x H_kv (heads.py)
 
     def __post_init__(self) -> None:
         from kvagent.runtime.policies import check_policy
@@ -58,6 +60,17 @@ class CacheConfig:
             raise ConfigError(f"window: must be >= 1, got {self.window}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk: must be >= 1, got {self.prefill_chunk}")
+        if self.head_budget not in HEAD_BUDGETS:
+            raise ConfigError(
+                f"head_budget: got {self.head_budget!r}; choose one of {', '.join(HEAD_BUDGETS)}"
+            )
+        if self.head_budget == "adaptive" and self.evicts:
+            from kvagent.runtime.heads import check_adaptive
+            from kvagent.runtime.policies import make_policy
+
+            problem = check_adaptive(make_policy(self.policy, **self.policy_args), self.policy)
+            if problem:
+                raise ConfigError(problem)
 
     @property
     def evicts(self) -> bool:

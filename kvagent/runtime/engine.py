@@ -24,9 +24,20 @@ def resolve_device(device: str | torch.device) -> torch.device:
         return device
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device: got {device!r}; use auto, cpu or cuda[:N]")
+    if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: CUDA requested but not available; use device='cpu' or 'auto'")
-    return torch.device(device)
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"device: {device} but this machine has {torch.cuda.device_count()} CUDA device(s); "
+            f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
+    return dev
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:

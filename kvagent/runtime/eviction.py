@@ -60,10 +60,12 @@ def build_view(
 ) -> LayerView:
     keys, values, positions = layer.live()
     n = keys.shape[-2]
-    protected = torch.zeros(positions.shape, dtype=torch.bool, device=positions.device)
-    # Protected entries are never evicted, so they are the oldest n_protected entries in every head.
-    protected[:, :, :n_protected] = True
+    # Protected = the first n_protected logical positions, by position rather than by index: a
+    # forgotten one is gone, and a ragged head starts with PAD entries (position -1).
+    protected = (positions >= 0) & (positions < n_protected)
     pad_state(state, n)
+    if block > 1:  # protected entries are the oldest, so the partition counts them from the front
+        n_protected = int(protected[0, 0].sum().item())
     li = layer.layer_idx
     return LayerView(
         keys=keys,
@@ -93,8 +95,12 @@ def select(policy: BasePolicy, view: LayerView) -> torch.Tensor:
         scores = scores.expand(b, h, n)
     # A policy's own +inf (a forced keep) must still rank below protection, or protected entries
     # could lose a tie when forced + protected exceed K.
-    scores = scores.clamp(max=torch.finfo(torch.float32).max).masked_fill(view.protected, float("inf"))
+    big = torch.finfo(torch.float32).max
+    scores = scores.clamp(max=big).masked_fill(view.protected, float("inf"))
     if view.block_ids is None:
+        # PAD entries (cache.py) lose to every real entry, even one the policy scored -inf; a
+        # head holding fewer than K real entries keeps some PADs (they stay at its front).
+        scores = scores.clamp(min=-big).masked_fill(view.positions < 0, float("-inf"))
         k = min(view.budget, n)
         idx = scores.topk(k, dim=-1, sorted=False).indices
         return idx.sort(dim=-1).values

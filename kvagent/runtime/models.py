@@ -123,13 +123,11 @@ def resolve(name_or_path: str, dtype: torch.dtype, tokenizer=None):
     if name_or_path == "smollm2":
         name_or_path = str(smollm2_dir())
     path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf":
+        return _load_gguf(path, dtype, tokenizer)
+    if not path.exists():
+        check_hub_id(name_or_path)
     try:
-        if path.suffix == ".gguf":
-            if not path.is_file():
-                raise KvagentError(f"model: GGUF file {path} does not exist; check the path")
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
-            tok = tokenizer or AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-            return model, tok
         if path.exists() and not path.is_dir():
             raise KvagentError(f"model: {path} is a file, not a model directory or .gguf; pass a directory")
         model = AutoModelForCausalLM.from_pretrained(
@@ -144,4 +142,52 @@ def resolve(name_or_path: str, dtype: torch.dtype, tokenizer=None):
         raise KvagentError(
             f"model: cannot load {name_or_path!r} ({first}); use smollm2, tiny-random-qwen3, "
             "a local model directory or a .gguf file"
+        ) from None
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, tokenizer=None):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not path.is_file():
+        raise KvagentError(f"model: GGUF file {path} does not exist; check the path")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        tok = tokenizer or AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # the GGUF reader fails in many ways on a cut file (struct, numpy, index errors)
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise KvagentError(
+            f"model: cannot read GGUF file {path} ({type(e).__name__}: {first}); it may be truncated or "
+            "corrupt: download it again"
+        ) from None
+    return model, tok
+
+
+def check_hub_id(name: str, timeout: float = 3.0) -> None:
+    """A hub id not in the local cache needs the hub: fail at once if it cannot be reached, instead of
+    transformers retrying for half a minute."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+    except Exception:  # not a valid repo id: transformers says so below
+        return
+    hint = (
+        f"model: {name!r} is not a bundled model ({', '.join(BUNDLED)}), a local path, nor in the Hugging "
+        "Face cache"
+    )
+    if constants.HF_HUB_OFFLINE:
+        raise KvagentError(f"{hint}, and HF_HUB_OFFLINE is set; check the name or download it first")
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+    except OSError:
+        raise KvagentError(
+            f"{hint}, and {url.hostname} cannot be reached; check the name, or download it where there is "
+            "network and pass its directory"
         ) from None

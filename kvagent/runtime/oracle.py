@@ -69,7 +69,7 @@ def visibility_masks(records: list[ForwardRecord], n_layers: int, n_kv_heads: in
             kept = rec.kept_before[li]
             if kept.numel():
                 for h in range(n_kv_heads):
-                    m[h, s : s + q, kept[h]] = True
+                    m[h, s : s + q, kept[h][kept[h] >= 0]] = True  # not PAD entries (position -1)
             # the chunk itself, causally
             m[:, rows.unsqueeze(1), rows.unsqueeze(0)] = torch.ones(q, q, dtype=torch.bool).tril()
     return masks

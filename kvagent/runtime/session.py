@@ -10,18 +10,20 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from kvagent.errors import ConfigError
 from kvagent.runtime.attention import ACTIVE_CACHE
+from kvagent.runtime.audit import record
 from kvagent.runtime.cache import EvictableCache
 from kvagent.runtime.config import SINK_TOKENS, CacheConfig, Sampling
 from kvagent.runtime.eviction import build_view, round_generator, select
+from kvagent.runtime.generation import Generation, generate_tokens
+from kvagent.runtime.heads import HeadLayer, select_adaptive
 from kvagent.runtime.policies import make_policy
-from kvagent.runtime.sampling import sample_next
 from kvagent.runtime.scheduler import scheduled
 from kvagent.runtime.stats import CacheStats
 
@@ -35,13 +37,6 @@ warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", ca
 # H2O-style policies fold their pending queries into state once this many have accumulated, so a
 # dense reprefill of a long history does not hold every query of every layer at once.
 ABSORB_EVERY = 1024
-
-
-@dataclass
-class Generation:
-    ids: list[int]
-    text: str
-    finish_reason: str  # "eos" | "stop" | "length"
 
 
 class Session:
@@ -61,8 +56,11 @@ class Session:
         self._last_logits: torch.Tensor | None = None
         self._sample_gen: torch.Generator | None = None
         self._budgets_cache: dict[int, list[int]] = {}
+        self._stale = False  # reprefill: forget() changed the history; the next forward rebuilds
+        self._adaptive = config.evicts and config.head_budget == "adaptive"
         self._validate()
-        self._slot = engine.slot_for(self)  # batched engines: this session's rows in a slot pool
+        # Batched engines: this session's rows in a slot pool (adaptive heads: private buffers).
+        self._slot = None if self._adaptive else engine.slot_for(self)
         self.cache = self._new_cache()
 
     # ----------------------------------------------------------------- public API
@@ -79,6 +77,7 @@ class Session:
         return s
 
     def kept_positions(self) -> list[torch.Tensor]:
+        """Per layer (B, H_kv, N) positions held; -1 pads a head that holds fewer (after forget)."""
         return [
             layer.live()[2].clone() if layer.is_initialized else torch.empty(0) for layer in self.cache.layers
         ]
@@ -93,13 +92,15 @@ class Session:
         if self.prompt_length is None:
             self.prompt_length = len(ids)
             self._check_prompt_fits()
-        if self.config.mode == "reprefill" and self.config.evicts:
+        if self.config.mode == "reprefill" and (self.config.evicts or self._stale):
             return self._reprefill(ids, all_logits)
         return self._prefill(ids, evict=self.config.evicts, all_logits=all_logits)
 
     @scheduled
     def step(self, token_id: int) -> torch.Tensor:
         """Feed one token through the decode path; returns float32 logits (vocab,)."""
+        if self._stale:
+            return self._reprefill([int(token_id)], all_logits=False)
         logits = self._forward([int(token_id)], all_logits=False)
         self._stats.decode_tokens += 1
         if self.config.evicts and self.config.scope == "prefill+decode":
@@ -116,6 +117,8 @@ class Session:
             raise ConfigError("teacher_force: got no token ids; pass at least one")
         if self._last_logits is None:
             raise ConfigError("teacher_force: the session is empty; append a prompt first")
+        if self._stale:
+            return self._reprefill(ids, all_logits=True)
         evict = self.config.evicts and self.config.scope == "prefill+decode"
         return self._prefill(ids, evict=evict, all_logits=True, decode=True)
 
@@ -126,38 +129,23 @@ class Session:
         """Sample up to `max_new_tokens` with `step`; every sampled id (the last too) is fed.
         `on_token(id)`, if given, sees each id once it is fed; a true return ends the reply there
         (finish_reason "interrupted", unless it ended anyway): chat streams and stops replies so."""
-        if self._last_logits is None:
-            raise ConfigError("generate: the session is empty; append a prompt first")
-        sampling = sampling or Sampling()
-        stops = [s for s in (stop or []) if s]
-        eos = self.engine.eos_token_ids
-        tok = self.engine.tokenizer
-        if self._sample_gen is None:
-            self._sample_gen = torch.Generator().manual_seed(
-                sampling.seed if sampling.seed is not None else self.config.seed
-            )
-        out: list[int] = []
-        reason = "length"
-        logits = self._last_logits
-        tail_span = max((len(s) for s in stops), default=0) + 16
-        for _ in range(max_new_tokens):
-            token = sample_next(logits, sampling, self._sample_gen)
-            out.append(token)
-            logits = self.step(token)
-            halt = on_token is not None and on_token(token)
-            if token in eos:
-                reason = "eos"
-                break
-            if stops:
-                tail = tok.decode(out[-tail_span:], skip_special_tokens=False)
-                if any(s in tail for s in stops):
-                    reason = "stop"
-                    break
-            if halt:
-                reason = "interrupted"
-                break
-        text_ids = out[:-1] if reason == "eos" else out
-        return Generation(ids=out, text=tok.decode(text_ids, skip_special_tokens=False), finish_reason=reason)
+        return generate_tokens(self, max_new_tokens, sampling or Sampling(), stop, on_token)
+
+    def forget(self, positions: Sequence[int]) -> int:
+        """Drop these logical positions (ints in [0, logical_length)) from the session, e.g. an
+        earlier turn's <think> block. Persistent mode: evicted now from every layer and KV head
+        that holds them, protected or not; the rest keep their positions, logical_length and
+        history are unchanged. Reprefill mode: removed from the history (later tokens shift
+        down), which the next append (or step) re-prefills. Returns the number of distinct
+        positions removed: held by some (layer, head), or taken out of the history.
+        stats.forgotten counts the (layer, head) entries dropped. Logits already returned are
+        not recomputed."""
+        from kvagent.runtime.forget import check_positions, forget_history, forget_persistent
+
+        drop = check_positions(positions, self.logical_length)
+        if self.config.mode == "reprefill":
+            return forget_history(self, drop)
+        return forget_persistent(self, drop)
 
     # ----------------------------------------------------------------- internals
     def _validate(self) -> None:
@@ -191,7 +179,10 @@ class Session:
             backend=self.engine.backend,
             # Reprefill's dense rebuild outgrows K + r; it moves into the slot once compressed.
             slot=self._slot if c.mode == "persistent" else None,
+            layer_class=HeadLayer if self._adaptive else None,
         )
+        for layer in cache.layers:
+            layer.headroom = c.buffer  # HeadLayer: rows each head keeps free after a round
         if c.evicts and isinstance(c.budget, int):
             for layer, k in zip(cache.layers, self._layer_budgets(0), strict=True):
                 layer.capacity_hint = k + c.buffer
@@ -222,7 +213,7 @@ class Session:
             return 1 << 62
         budgets = self._layer_budgets(self.logical_length)
         r = self.config.buffer
-        room = min(k + r - n for k, n in zip(budgets, self.cache.entries(), strict=True))
+        room = min(k + r - n for k, n in zip(budgets, self.cache.loads(), strict=True))
         b = self.config.budget
         if isinstance(b, float) and room > 0:
             # K grows with the episode for a fractional budget; stretch the chunk so it still ends
@@ -258,7 +249,9 @@ class Session:
         self.history = []
         self.cache = self._new_cache()
         logits = self._prefill(full, evict=False, all_logits=all_logits)
-        self._evict_due(to_budget=True)
+        self._stale = False
+        if self.config.evicts:
+            self._evict_due(to_budget=True)
         if self._slot is not None:
             self.cache.attach_slot(self._slot)
         if all_logits:
@@ -323,7 +316,7 @@ class Session:
         r = 0 if to_budget else self.config.buffer
         due = [
             li
-            for li, (k, n) in enumerate(zip(budgets, self.cache.entries(), strict=True))
+            for li, (k, n) in enumerate(zip(budgets, self.cache.loads(), strict=True))
             if n >= k + r and n > k
         ]
         if not due:
@@ -344,34 +337,24 @@ class Session:
         sync = self.engine.device.type == "cuda"
         t0 = time.perf_counter()
         view = self._view(li, budget, pending=self.policy.needs_pending_queries)
-        keep = select(self.policy, view)
+        keep = select_adaptive(self.policy, view) if self._adaptive else select(self.policy, view)
         if sync:
             torch.cuda.synchronize()
         t1 = time.perf_counter()
-        before = layer.n
-        layer.compact(keep, budget + self.config.buffer)
+        before = layer.held()
+        layer.compact(keep, budget + self.config.buffer, pad=self._adaptive)
         per_entry = self._state[li].get("per_entry", {})
+        src = keep.clamp(min=0)  # adaptive keep-sets start with -1 (PAD) in shorter heads
         for name, t in per_entry.items():
-            per_entry[name] = t.expand(keep.shape[0], keep.shape[1], -1).gather(-1, keep)
+            per_entry[name] = t.expand(src.shape[0], src.shape[1], -1).gather(-1, src)
         if sync:
             torch.cuda.synchronize()
         t2 = time.perf_counter()
         st = self._stats
         st.scoring_s += t1 - t0
         st.compaction_s += t2 - t1
-        st.evicted += (before - layer.n) * keep.shape[0] * keep.shape[1]
-        if self.audit is not None:
-            from kvagent.runtime.audit import AuditRound
-
-            self.audit.append(
-                AuditRound(
-                    round=self._round,
-                    layer=li,
-                    logical_length=self.logical_length,
-                    prompt_length=(self.prompt_length or 0) if self.config.protect == "prompt" else 0,
-                    kept=layer.live()[2][0].detach().cpu().clone(),
-                )
-            )
+        st.evicted += before - layer.held()
+        record(self, li)
 
 
 def _as_list(ids) -> list[int]:

@@ -8,10 +8,11 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class CacheStats:
     logical_length: int = 0  # tokens fed so far
-    entries: list[int] = field(default_factory=list)  # live entries per layer (per head)
+    entries: list[int] = field(default_factory=list)  # live entries per layer (the most one head holds)
     kv_bytes: list[int] = field(default_factory=list)  # allocated bytes per layer (keys+values+positions)
     rounds: int = 0  # eviction rounds (one round = every layer that was due)
     evicted: int = 0  # entries removed, summed over layers and heads
+    forgotten: int = 0  # of those, entries Session.forget dropped
     scoring_s: float = 0.0
     compaction_s: float = 0.0
     prefill_tokens: int = 0  # tokens run through prefill forwards (reprefill counts the history again)

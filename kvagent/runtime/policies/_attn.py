@@ -35,7 +35,9 @@ def window_attention(
     logits = queries.float().reshape(b, hkv, group_size * w, d) @ keys.float().transpose(-1, -2)
     logits = logits.view(b, hkv, group_size, w, n)
     qpos = query_positions.to(positions.device).reshape(1, 1, 1, w, 1)
-    logits.masked_fill_(positions.reshape(b, hkv, 1, 1, n) > qpos, float("-inf"))
+    pos = positions.reshape(b, hkv, 1, 1, n)
+    # PAD entries (position -1, after Session.forget) are seen by no query.
+    logits.masked_fill_((pos > qpos) | (pos < 0), float("-inf"))
     # Softmax in place (these tensors are the largest a round makes). A row with no visible key
     # (impossible in a consistent cache) ends all zero instead of NaN: the max is floored to a
     # finite value, exp gives 0 everywhere, and the sum is floored.

@@ -22,7 +22,7 @@ class LayerView:
 
     keys: torch.Tensor  # (B, H_kv, N, D), post-RoPE
     values: torch.Tensor  # (B, H_kv, N, D)
-    positions: torch.Tensor  # (B, H_kv, N) logical positions, ascending along N
+    positions: torch.Tensor  # (B, H_kv, N) logical positions, ascending along N; -1 = PAD (no entry)
     queries: torch.Tensor  # (B, H_q, W, D) last W post-RoPE queries of this layer
     query_positions: torch.Tensor  # (W,) logical positions of those queries
     layer_idx: int
@@ -30,7 +30,7 @@ class LayerView:
     group_size: int  # H_q // H_kv (GQA); query head h reads kv head h // group_size
     scaling: float  # softmax scale the model uses (usually D ** -0.5)
     generator: torch.Generator  # seeded per (session seed, layer, round); the only randomness allowed
-    budget: int  # K for this layer: entries per head kept after the round
+    budget: int  # K for this layer: entries per head kept after the round (adaptive: on average)
     protected: torch.Tensor  # (B, H_kv, N) bool, kept whatever the score
     # Block partition for block policies (block > 1): (N,) block id per entry, -1 for protected
     # entries. Ids ascend with recency (0 = oldest block; the newest block is always whole, the
@@ -59,6 +59,7 @@ class BasePolicy:
     shared_across_heads = False  # one keep-set for all heads of a layer (nexus) or one per head
     block = 1  # 1 = token granularity
     needs_pending_queries = False  # H2O: the runtime keeps all queries since the last round
+    adaptive_heads = False  # scores comparable across heads: head_budget=adaptive may use them
 
     def __init__(self, **kwargs: Any) -> None:
         if kwargs:

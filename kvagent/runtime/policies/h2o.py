@@ -26,6 +26,7 @@ class H2OPolicy(BasePolicy):
     """
 
     name = "h2o"
+    adaptive_heads = True  # attention mass: comparable across heads (Ada-KV)
     needs_pending_queries = True
 
     def __init__(self, recent: float = 0.5, **unknown) -> None:

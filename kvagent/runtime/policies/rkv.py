@@ -26,7 +26,8 @@ def importance(view: LayerView, kernel: int) -> torch.Tensor:
     logits = q.float().reshape(b, hkv, g * w, d) @ view.keys.float().transpose(-1, -2)
     logits = logits.view(b, hkv, g, w, n).amax(dim=2)  # (B, H_kv, W, N)
     qpos = view.query_positions.to(view.positions.device).reshape(1, 1, w, 1)
-    logits.masked_fill_(view.positions.unsqueeze(2) > qpos, float("-inf"))
+    pos = view.positions.unsqueeze(2)
+    logits.masked_fill_((pos > qpos) | (pos < 0), float("-inf"))  # future and PAD entries
     probs = torch.softmax(logits * view.scaling, dim=-1).nan_to_num_(0.0)  # rows seeing no key: 0
     s = probs.mean(dim=2)
     if kernel > 1:
@@ -74,6 +75,7 @@ class RKVPolicy(BasePolicy):
     """
 
     name = "rkv"
+    adaptive_heads = True  # attention and redundancy distributions per head: comparable (Ada-KV)
 
     def __init__(
         self, lam: float = 0.1, threshold: float = 0.5, kernel: int = 7, keep_window: bool = True, **unknown

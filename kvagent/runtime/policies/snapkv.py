@@ -55,6 +55,7 @@ class SnapKVPolicy(BasePolicy):
     """
 
     name = "snapkv"
+    adaptive_heads = True  # attention mass: comparable across heads (Ada-KV)
 
     def __init__(self, kernel: int = 7, keep_window: bool = True, **unknown) -> None:
         reject_unknown(self.name, unknown, ["kernel", "keep_window"])

@@ -21,6 +21,7 @@ class TOVAPolicy(BasePolicy):
     """
 
     name = "tova"
+    adaptive_heads = True  # attention mass: comparable across heads (Ada-KV)
 
     def __init__(self, shared: bool = True, **unknown) -> None:
         reject_unknown(self.name, unknown, ["shared"])

@@ -79,3 +79,14 @@ def test_analyse_entry_point_and_batch_dim():
     assert empty["prompt_survival"]["union"] is None
     with pytest.raises(ValueError, match="bands"):
         survival_by_age([r], bands=[5, 1])
+
+
+def test_pad_entries_are_not_held_positions():
+    """After Session.forget a shorter head starts with PAD entries (-1): they hold nothing."""
+    r = _r(0, 0, 10, 4, [[-1, -1, 0, 9], [0, 1, 2, 9]])
+    assert prompt_survival([r])["per_head"] == pytest.approx((1 / 4 + 3 / 4) / 2)
+    cov = cross_head_coverage([r])
+    assert cov["per_head"] == pytest.approx((2 / 10 + 4 / 10) / 2)
+    assert cov["union"] == pytest.approx(4 / 10)
+    ages = survival_by_age([r], bands=(0, 100), exclude_prompt=False)
+    assert ages["per_head"][0] == pytest.approx((2 + 4) / 2 / 10)
