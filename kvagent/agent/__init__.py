@@ -3,6 +3,7 @@
 result = run_episode(session, env, issue_text, AgentConfig(), tokenizer=engine.tokenizer)
 result = solve_episode(engine, env, issue_text, cache_config=..., trajectory_path="run.traj.json")
 chat = ChatAgent(session, env, tokenizer, on_text=print); chat.ask("..."); chat.ask("and then ...")
+R2E-Gym's protocol (docs/deepswe.md): AgentConfig.r2egym(prompts="edit_non_fn_calling.yaml")
 """
 
 from kvagent.agent.chat import ChatAgent
@@ -11,8 +12,10 @@ from kvagent.agent.interfaces import Engine, Environment, Generated, ModelSessio
 from kvagent.agent.loop import EXIT_STATUSES, Agent, AgentEvent, EpisodeResult, Turn, run_episode
 from kvagent.agent.observation import FINISHED, steps_notice, tool_observation, truncate_lines
 from kvagent.agent.parser import ToolCall, ToolCallError, parse_call
+from kvagent.agent.prompt_file import PromptFile, load_prompt_file
 from kvagent.agent.prompts import INSTANCE_STYLES, extract_issue, instance_prompt, system_prompt
 from kvagent.agent.render import ChatMLRenderer
+from kvagent.agent.scaffold import R2EGymScaffold, Scaffold, make_scaffold
 from kvagent.agent.solve import solve_episode
 from kvagent.agent.tools import TOOLS, Param, ToolSpec
 from kvagent.agent.trajectory import (
@@ -39,6 +42,9 @@ __all__ = [
     "Generated",
     "ModelSession",
     "Param",
+    "PromptFile",
+    "R2EGymScaffold",
+    "Scaffold",
     "ToolCall",
     "ToolCallError",
     "ToolResult",
@@ -47,7 +53,9 @@ __all__ = [
     "extract_issue",
     "instance_prompt",
     "iter_trajectories",
+    "load_prompt_file",
     "load_trajectory",
+    "make_scaffold",
     "parse_call",
     "run_episode",
     "solve_episode",

@@ -30,6 +30,10 @@ class ModelSession(Protocol):
         self, max_new_tokens: int, sampling: Any = ..., stop: Sequence[str] = ..., on_token: Any = ...
     ) -> Generated: ...  # on_token(id) -> bool: sees each id; true ends the reply ("interrupted")
 
+    # Optional: only history=drop-thinking calls it. Drops these stream positions (persistent mode:
+    # from the live cache, the rest keep their positions; reprefill mode: from the history).
+    def forget(self, positions: Sequence[int]) -> int: ...
+
 
 class ToolResult(Protocol):
     exit_code: int

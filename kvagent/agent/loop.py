@@ -12,11 +12,10 @@ from typing import Any
 
 from kvagent.agent.config import AgentConfig
 from kvagent.agent.interfaces import Environment, ModelSession
-from kvagent.agent.observation import steps_notice, tool_observation, with_steps_notice
-from kvagent.agent.parser import ToolCall, ToolCallError, parse_call
-from kvagent.agent.prompts import instance_prompt, system_prompt
+from kvagent.agent.parser import ToolCall
 from kvagent.agent.render import ChatMLRenderer
-from kvagent.agent.tools import FINISH_TOOL
+from kvagent.agent.scaffold import make_scaffold
+from kvagent.agent.thinking import forget_thinking
 from kvagent.errors import KvagentError
 
 EXIT_STATUSES = ("submitted", "step_limit", "context_limit", "error")
@@ -36,6 +35,7 @@ class Turn:
     call_error: str | None = None  # why the reply's call was rejected
     observation: str | None = None
     observation_tokens: int = 0
+    thinking_forgotten: int = 0  # history=drop-thinking: this reply's tokens forgotten from the cache
     fed: bool = False  # observation appended to the session (not after the episode's last step)
     logical_length: int = 0  # after this turn's tokens were fed
     cache_entries: int | None = None  # max entries held by a layer after this turn
@@ -66,6 +66,15 @@ class EpisodeResult:
         d["config"] = self.config.to_dict()
         d["steps"] = self.steps
         return d
+
+
+class EpisodeInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `Agent.run`: still a KeyboardInterrupt (a batch stops), carrying the partial
+    result (exit status `interrupted`) so the caller can keep its trajectory."""
+
+    def __init__(self, result: EpisodeResult) -> None:
+        super().__init__("episode interrupted")
+        self.result = result
 
 
 @dataclass
@@ -105,6 +114,9 @@ class Agent:
 
     def __post_init__(self) -> None:
         self.render = ChatMLRenderer(self.tokenizer)
+        self.scaffold = make_scaffold(self.config)
+        self._reply_start = 0  # stream position of the last reply's first token
+        self.forgotten = 0  # tokens forgotten from the stream (history=drop-thinking)
         self.messages: list[dict[str, str]] = []
         self.turns: list[Turn] = []
         self.prompt_tokens = 0
@@ -116,18 +128,20 @@ class Agent:
             raise KvagentError("an Agent runs one episode; make a new Agent (and session) for the next")
         cfg, started = self.config, time.perf_counter()
         system, user, prompt_ids = self._prompt(issue_text)
-        status, error = None, None
+        status, error, stopped = None, None, False
         try:
             status = self._start(system, user, prompt_ids)
             if status is None:
                 status = self.loop()
+        except KeyboardInterrupt:  # Ctrl-C: the partial episode goes up with the interrupt
+            status, stopped = INTERRUPTED, True
         except Exception as e:  # the episode records what went wrong instead of losing its trajectory
             status, error = "error", f"{type(e).__name__}: {e}"
         patch, patch_error = self._patch()
         if patch_error and status != "error":
             status, error = "error", patch_error
         self._emit("end", exit_status=status)
-        return EpisodeResult(
+        result = EpisodeResult(
             exit_status=status,
             patch=patch,
             messages=self.messages,
@@ -138,6 +152,9 @@ class Agent:
             logical_length=self.session.logical_length,
             elapsed_s=time.perf_counter() - started,
         )
+        if stopped:
+            raise EpisodeInterrupted(result)
+        return result
 
     def start(self, issue_text: str) -> str | None:
         """Feed the system prompt and the instance prompt; None, or "context_limit" if it does not fit."""
@@ -147,7 +164,8 @@ class Agent:
         """Chat: append a new user request after the last reply (same framing as an observation) and
         count steps afresh from here. None, or "context_limit" if it does not fit."""
         self.first_step = len(self.turns)
-        text = with_steps_notice(text, self._notice())
+        text = self.scaffold.attach(text, self._notice())
+        self._drop_thinking()
         status = self._feed(self.render.observation_ids(text, self._last_reply_ids))
         if status is None:
             self.messages.append({"role": "user", "content": text})
@@ -160,11 +178,14 @@ class Agent:
             turn = self._reply()
             if turn.finish_reason == INTERRUPTED:
                 return INTERRUPTED
-            if turn.finish_reason == "length" and self._room() <= 0:
+            after_step = self.scaffold.token_rule_after_step
+            if turn.finish_reason == "length" and self._room() <= 0 and not after_step:
                 return "context_limit"
             self._act(turn)
-            if turn.call and turn.call["name"] == FINISH_TOOL:
+            if self.scaffold.ends(turn.call):
                 return "submitted"
+            if after_step and self._room() <= 0:  # R2E-Gym: prompt + reply reached the limit
+                return "context_limit"
             if len(self.turns) - self.first_step >= self.config.max_steps:
                 return "step_limit"
             status = self._observe(turn)
@@ -174,8 +195,8 @@ class Agent:
     def _prompt(self, issue_text: str) -> tuple[str, str, list[int]]:
         cfg = self.config
         repo_dir = cfg.repo_dir or getattr(self.env, "workdir", None) or "/testbed"
-        system = system_prompt()
-        user = with_steps_notice(instance_prompt(issue_text, cfg.prompt_style, repo_dir), self._notice())
+        system = self.scaffold.system()
+        user = self.scaffold.attach(self.scaffold.instance(issue_text, repo_dir), self._notice())
         return system, user, self.render.prompt_ids(system, user)
 
     def _start(self, system: str, user: str, prompt_ids: list[int]) -> str | None:
@@ -190,7 +211,9 @@ class Agent:
         turn = Turn(step=len(self.turns) + 1)
         self.turns.append(turn)
         t = time.perf_counter()
-        g = self._generate(min(self.config.max_new_tokens, self._room()))
+        cap = self.config.max_new_tokens
+        self._reply_start = self.session.logical_length
+        g = self._generate(self._room() if cap is None else min(cap, self._room()))
         turn.generate_s = time.perf_counter() - t
         self._last_reply_ids = [int(i) for i in g.ids]
         turn.reply = self.render.decode(self._last_reply_ids)  # the stream's text, not a re-tokenisable copy
@@ -201,13 +224,14 @@ class Agent:
 
     def _act(self, turn: Turn) -> None:
         """Run the reply's call (or explain why it cannot run) and set the turn's observation."""
-        try:
-            call: ToolCall = parse_call(turn.reply)
-        except ToolCallError as e:
-            turn.call_error, turn.observation = e.problem, str(e)
+        reading = self.scaffold.read(turn.reply)
+        call = reading.call
+        if call is not None:
+            turn.call = {"name": call.name, "params": call.params}
+        if call is None or reading.observation is not None:
+            turn.call_error, turn.observation = reading.problem, reading.observation
             self._emit("reply", turn)
             return
-        turn.call = {"name": call.name, "params": call.params}
         self._emit("reply", turn)
         declined = self.approve(turn, call) if self.approve is not None else None
         if declined is not None:
@@ -216,21 +240,24 @@ class Agent:
         t = time.perf_counter()
         result = self._run_tool(call)
         turn.tool_s = time.perf_counter() - t
-        turn.observation = tool_observation(call.name, result, self.config.command_timeout)
+        turn.observation = self.scaffold.observe(call.name, result, self.config.command_timeout)
 
     # Hooks for variants (chat): how a reply is generated and how a call runs.
     def _generate(self, max_new_tokens: int) -> Any:
         return self.session.generate(
-            max_new_tokens, sampling=self.config.sampling(), stop=list(self.config.stop)
+            max_new_tokens, sampling=self.config.sampling(), stop=list(self.scaffold.stop)
         )
 
     def _run_tool(self, call: ToolCall) -> Any:
-        return self.env.run_tool(call.name, call.params, timeout=self.config.command_timeout)
+        return self.env.run_tool(
+            self.scaffold.tool(call.name), call.params, timeout=self.config.command_timeout
+        )
 
     def _observe(self, turn: Turn) -> str | None:
-        text = with_steps_notice(turn.observation or "", self._notice())
+        text = self.scaffold.attach(turn.observation or "", self._notice())
         ids = self.render.observation_ids(text, self._last_reply_ids)
         t = time.perf_counter()
+        turn.thinking_forgotten = self._drop_thinking()
         status = self._feed(ids)
         turn.append_s = time.perf_counter() - t
         if status is None:
@@ -242,19 +269,31 @@ class Agent:
 
     def _feed(self, ids: list[int]) -> str | None:
         """Append `ids` unless that leaves no room to generate within the context limit."""
-        if self.session.logical_length + len(ids) >= self.config.context_limit:
+        if self._used() + len(ids) >= self.config.context_limit:
             return "context_limit"
         self.session.append(ids)
         return None
 
+    def _used(self) -> int:
+        """Tokens the model reads: the stream less what drop-thinking forgot (their positions stay)."""
+        return self.session.logical_length - self.forgotten
+
     def _room(self) -> int:
-        return self.config.context_limit - self.session.logical_length
+        return self.config.context_limit - self._used()
 
     def _notice(self) -> str:
-        c = self.config
-        return steps_notice(
-            len(self.turns) - self.first_step, c.max_steps, c.soft_step_limit, c.urge_remaining
-        )
+        return self.scaffold.notice(len(self.turns) - self.first_step)
+
+    def _drop_thinking(self) -> int:
+        """history=drop-thinking: forget the last reply's reasoning before the next user turn (once)."""
+        if self.config.history != "drop-thinking" or not self._last_reply_ids or self._reply_start < 0:
+            return 0
+        before = self.session.logical_length
+        n = forget_thinking(self.session, self._reply_start, self._last_reply_ids, self.tokenizer)
+        self._reply_start = -1  # this reply is done with
+        # persistent mode keeps positions (the stream length stays); reprefill mode shortens the stream
+        self.forgotten += n - (before - self.session.logical_length)
+        return n
 
     def _record_cache(self, turn: Turn) -> None:
         turn.logical_length = self.session.logical_length

@@ -36,12 +36,20 @@ def tool_observation(name: str, result: Any, timeout: float) -> str:
     return f"Execution output of [{name}]:\n{output}"
 
 
-def steps_notice(steps_used: int, max_steps: int, soft_limit: int | None, urge_remaining: int) -> str:
-    """`Steps Remaining: N`, plus an order to submit past the soft limit or near the hard one."""
+def steps_notice(
+    steps_used: int,
+    max_steps: int,
+    soft_limit: int | None,
+    urge_remaining: int,
+    template: str = "Steps Remaining: {remaining}",
+    final: str = "You are close to the step limit. Submit your answer now by calling `finish`.",
+) -> str:
+    """`Steps Remaining: N`, plus an order to submit past the soft limit or near the hard one (both
+    wordings can come from a prompt file)."""
     remaining = max_steps - steps_used
-    notice = f"Steps Remaining: {remaining}"
+    notice = template.format(remaining=remaining)
     if (soft_limit is not None and steps_used > soft_limit) or remaining <= urge_remaining:
-        notice += "\nYou are close to the step limit. Submit your answer now by calling `finish`."
+        notice += f"\n{final}"
     return notice
 
 

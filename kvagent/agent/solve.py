@@ -8,7 +8,7 @@ from typing import Any
 
 from kvagent.agent.config import AgentConfig
 from kvagent.agent.interfaces import Engine, Environment
-from kvagent.agent.loop import AgentEvent, EpisodeResult, run_episode
+from kvagent.agent.loop import AgentEvent, EpisodeInterrupted, EpisodeResult, run_episode
 from kvagent.agent.trajectory import write_trajectory
 
 
@@ -30,27 +30,38 @@ def solve_episode(
 
         cache_config = CacheConfig()
     session = engine.session(cache_config)
-    result = run_episode(session, env, issue_text, config, tokenizer=engine.tokenizer, on_event=on_event)
-    if trajectory_path is not None:
-        info: dict[str, Any] = {"cache_config": _as_dict(cache_config)}
-        name = getattr(engine, "name", None) or getattr(getattr(engine, "model", None), "name_or_path", None)
-        if name:
-            info["model"] = str(name)
-        info.update(meta or {})
-        write_trajectory(trajectory_path, result, info)
+    try:
+        result = run_episode(session, env, issue_text, config, tokenizer=engine.tokenizer, on_event=on_event)
+    except EpisodeInterrupted as stop:  # Ctrl-C: keep the partial trajectory, then stop
+        _keep(trajectory_path, stop.result, engine, cache_config, meta)
+        raise
+    _keep(trajectory_path, result, engine, cache_config, meta)
     return result
+
+
+def _keep(path: str | Path | None, result: EpisodeResult, engine: Any, cache_config: Any, meta: Any) -> None:
+    if path is None:
+        return
+    info: dict[str, Any] = {"cache_config": _as_dict(cache_config)}
+    name = getattr(engine, "name", None) or getattr(getattr(engine, "model", None), "name_or_path", None)
+    if name:
+        info["model"] = str(name)
+    info.update(meta or {})
+    write_trajectory(path, result, info)
 
 
 def _as_dict(obj: Any) -> Any:
     return obj.to_dict() if hasattr(obj, "to_dict") else obj
 
 
-def first_prompt_length(tokenizer: Any, issue_text: str, prompt_style: str) -> int:
+def first_prompt_length(tokenizer: Any, issue_text: str, prompt_style: str | AgentConfig) -> int:
     """Tokens of an episode's first prompt (system + instance prompt, before any step notice): what
-    protect=prompt keeps, for checking a budget before a sandbox is opened."""
-    from kvagent.agent.prompts import instance_prompt, system_prompt
+    protect=prompt keeps, for checking a budget before a sandbox is opened. Pass the AgentConfig to
+    count its profile's prompts (a --prompts file); a style name counts kvagent's own."""
     from kvagent.agent.render import ChatMLRenderer
+    from kvagent.agent.scaffold import make_scaffold
 
-    return len(
-        ChatMLRenderer(tokenizer).prompt_ids(system_prompt(), instance_prompt(issue_text, prompt_style))
-    )
+    config = prompt_style if isinstance(prompt_style, AgentConfig) else AgentConfig(prompt_style=prompt_style)
+    scaffold = make_scaffold(config)
+    instance = scaffold.instance(issue_text, config.repo_dir or "/testbed")
+    return len(ChatMLRenderer(tokenizer).prompt_ids(scaffold.system(), instance))
