@@ -7,10 +7,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvagent.errors import KvagentError
+from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.datasets import Instance
 
 GRADE_LIMITS = {"mem_limit": "4g", "pids_limit": 4096}
+# --isolation: how a local sandbox runs model-written commands. Unisolated only when asked for.
+ISOLATIONS = ("bwrap", "none")
+
+
+def check_isolation(isolation: str) -> str:
+    """Validate --isolation before anything slow happens."""
+    if isolation not in ISOLATIONS:
+        raise ConfigError(
+            f"isolation: got {isolation!r}; use bwrap (the default) or none (commands run on the host)"
+        )
+    return isolation
+
+
+def with_isolation(spec: dict[str, Any], isolation: str) -> dict[str, Any]:
+    """A sandbox spec (`solve.sandbox_spec`) with --isolation applied: local sandboxes only; a
+    container is isolated by Docker whatever the option says."""
+    check_isolation(isolation)
+    return {**spec, "isolation": isolation} if spec.get("backend") == "local" else spec
 
 
 def docker_env(instance: Instance) -> Any:
@@ -66,16 +84,18 @@ def local_repo(repos: Path, instance: Instance) -> Path:
     return path
 
 
-def local_env(repos: Path) -> Callable[[Instance], Any]:
+def local_env(repos: Path, isolation: str = "bwrap") -> Callable[[Instance], Any]:
     from kvagent.sandbox import open_sandbox
 
-    return lambda instance: open_sandbox("local", repo=local_repo(repos, instance))
+    check_isolation(isolation)
+    return lambda instance: open_sandbox("local", repo=local_repo(repos, instance), isolation=isolation)
 
 
-def local_grader(repos: Path) -> Callable[[Instance, str, Path], dict[str, Any]]:
+def local_grader(repos: Path, isolation: str = "bwrap") -> Callable[[Instance, str, Path], dict[str, Any]]:
+    """Grading runs the model's patch and the tests, so it is isolated the same way."""
     from kvagent.evals.grading import grade_instance
 
     def grade(instance: Instance, patch: str, log_dir: Path) -> dict[str, Any]:
-        return grade_instance(instance, patch, open_env=local_env(repos), log_dir=log_dir)
+        return grade_instance(instance, patch, open_env=local_env(repos, isolation), log_dir=log_dir)
 
     return grade

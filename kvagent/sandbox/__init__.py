@@ -33,7 +33,8 @@ __all__ = [
 def open_sandbox(
     backend: str = "local", *, repo: str | Path | None = None, image: str | None = None, **options
 ) -> Sandbox:
-    """Open a sandbox. local: `repo` is copied (isolation="auto"|"bwrap"|"none", network=False,
+    """Open a sandbox. local: `repo`'s working tree is copied (isolation="bwrap" (= "auto"; refuses
+    to open without a working bubblewrap) | "none" (unisolated, on purpose), network=False,
     bind=[host paths shown read-only], bind_rw=[... read-write]; docs/sandbox.md).
     docker: a container of `image` (network=False, mem_limit, pids_limit, setup="auto", repo=None,
     workdir="/testbed", labels, pull=False, client=a docker client to reuse)."""

@@ -7,6 +7,7 @@ A backend implements four primitives (`_exec`, `read_bytes`, `write_bytes`, `_cl
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
 import uuid
 from abc import ABC, abstractmethod
@@ -18,6 +19,8 @@ from kvagent.sandbox.errors import SandboxError
 
 TOOLS_SRC = Path(__file__).parent / "tools"
 TOOL_NAMES = ("file_editor", "execute_bash", "search", "finish")
+# The same four as R2E-Gym's scaffold has them behave (tools/r2egym/; the agent's `r2egym` profile).
+R2EGYM_TOOL_NAMES = tuple(f"r2egym/{name}" for name in TOOL_NAMES)
 # Bytes of combined output kept from one command; the rest is read and dropped so a chatty
 # command cannot exhaust memory. The agent truncates further for the model.
 DEFAULT_MAX_OUTPUT = 256 * 1024
@@ -48,6 +51,11 @@ class Result:
         return self.exit_code == 0 and not self.timed_out
 
 
+def _inside(path: str, top: str) -> bool:
+    top = top.rstrip("/") or "/"
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
 def decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
@@ -65,6 +73,7 @@ class Sandbox(ABC):
     tool_python: str  # interpreter used for tool scripts
     setup: str = ""  # shell prefix run before every command (e.g. conda activation)
     base_commit: str = ""
+    copy_note: str = ""  # one line when the copy carried uncommitted changes of the checkout
 
     def __init__(self) -> None:
         self._closed = False
@@ -93,6 +102,16 @@ class Sandbox(ABC):
         p = path if path.startswith("/") else f"{self.workdir.rstrip('/')}/{path}"
         return p
 
+    def confine(self, path: str, real: str | None = None) -> str:
+        """`path` made absolute and normalised; a SandboxError unless it (and `real`, the path with
+        symlinks resolved, when the backend knows it) lies in the working tree or the state dir.
+        Both backends apply this one rule to `read`/`write`. Returns the resolved path."""
+        p = posixpath.normpath(self.resolve(path))
+        for candidate in (p, real or p):
+            if not any(_inside(candidate, top) for top in (self.workdir, self.state_dir)):
+                raise SandboxError(f"path {path!r} is outside the sandbox; use a path inside {self.workdir}")
+        return real or p
+
     def run(self, cmd: str, timeout: float = 90, max_output: int = DEFAULT_MAX_OUTPUT) -> Result:
         """Run a shell command (bash) in workdir with the image's setup prefix applied."""
         self._check_open()
@@ -107,7 +126,7 @@ class Sandbox(ABC):
     def run_tool(self, name: str, params: dict[str, str], timeout: float = 90) -> Result:
         """Run one DeepSWE/R2E tool; `output` is the observation exactly as the tool prints it."""
         self._check_open()
-        if name not in TOOL_NAMES:
+        if name not in TOOL_NAMES and name not in R2EGYM_TOOL_NAMES:
             raise SandboxError(f"unknown tool {name!r}; use one of {', '.join(TOOL_NAMES)}")
         bad = [k for k, v in params.items() if not isinstance(k, str) or not isinstance(v, str)]
         if bad:

@@ -1,27 +1,25 @@
 """Docker backend: one container per episode, repository at /testbed, no network by default.
 
-Every command runs under `timeout -s KILL`, which puts the command in its own process group and
-kills the whole group at the deadline. The container is removed on close(), on an exception in a
-`with` block, on Ctrl-C (KeyboardInterrupt unwinds through close), and at interpreter exit.
+Every command runs under `timeout -s KILL`, which puts the command in its own process group;
+that whole group is killed at the deadline and when the command returns, so nothing it started
+in the background outlives it. The container is removed on close(), on an exception in a `with`
+block, on Ctrl-C or SIGTERM (KeyboardInterrupt unwinds through close), and at interpreter exit;
+after a SIGKILL, its owner labels let the next sweep (kvagent.sandbox.owner) remove it.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import io
 import logging
 import posixpath
 import shlex
-import signal
 import tarfile
-import tempfile
-import threading
 import time
 import uuid
-import weakref
 from pathlib import Path
 
+from kvagent.sandbox import owner
 from kvagent.sandbox.base import (
     BASE_ENV,
     DEFAULT_MAX_OUTPUT,
@@ -36,7 +34,7 @@ from kvagent.sandbox.repocopy import check_repo, copy_repo
 
 log = logging.getLogger(__name__)
 
-LABEL = "kvagent.sandbox"
+LABEL = owner.LABEL
 KV_DIR = "/kvagent"  # tools and state live outside the repo so they never show up in diffs
 # Stream wait past the command's own timeout before we stop reading (a daemon escaped the group).
 STREAM_GRACE_S = 10.0
@@ -56,14 +54,14 @@ done
 command -v python3 || command -v python || exit 1
 """
 
-_live: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    for sb in list(_live):
-        with contextlib.suppress(Exception):
-            sb.close()
+# Runs `timeout -s KILL T CMD...` in the background so its pid (= its process group: timeout
+# makes itself a group leader) is known, then kills that group once the command returns.
+GROUP_WRAPPER = (
+    't=$1; shift; timeout -s KILL "$t" "$@" 2>&1 & pid=$!; '
+    'wait $pid 2>/dev/null; rc=$?; kill -s KILL -- "-$pid" 2>/dev/null; exit $rc'
+)
+# Resolves symlinks inside the container, so read/write are confined like the local backend's.
+REALPATH = "import os, sys; print(os.path.realpath(sys.argv[1]))"
 
 
 def docker_client():
@@ -101,28 +99,6 @@ def _tar(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
     return buf.getvalue()
 
 
-class _NoSigint:
-    """Defer Ctrl-C while removing a container so a second Ctrl-C cannot strand it."""
-
-    def __enter__(self):
-        self.got = False
-        self.old = None
-        if threading.current_thread() is threading.main_thread():
-            try:
-                self.old = signal.signal(signal.SIGINT, self._note)
-            except ValueError:  # not the main interpreter
-                self.old = None
-
-    def _note(self, *_):
-        self.got = True
-
-    def __exit__(self, *exc):
-        if self.old is not None:
-            signal.signal(signal.SIGINT, self.old)
-            if self.got and exc[0] is None:
-                raise KeyboardInterrupt
-
-
 class DockerSandbox(Sandbox):
     def __init__(
         self,
@@ -151,6 +127,7 @@ class DockerSandbox(Sandbox):
         self.state_dir = f"{KV_DIR}/state"
         self.setup = setup or ""
         self._ensure_image(pull)
+        owner.sweep_once("containers", self.client)
         name = f"kvagent-{uuid.uuid4().hex[:12]}"
         self.container = None
         try:
@@ -164,10 +141,11 @@ class DockerSandbox(Sandbox):
                 network_mode="bridge" if network else "none",
                 mem_limit=mem_limit,
                 pids_limit=pids_limit,
-                labels={LABEL: "1", **(labels or {})},
+                # The owner, so a sweep can remove the container once this process is gone.
+                labels={**(labels or {}), LABEL: "1", **owner.Owner.me().labels()},
             )
             self._closed = False
-            _live.add(self)
+            owner.track(self)
             self._provision(src)
         except BaseException as e:
             self._remove(name)
@@ -197,8 +175,16 @@ class DockerSandbox(Sandbox):
 
     def _provision(self, src: Path | None) -> None:
         # every script of TOOLS_SRC, like the local backend: the tools import _toolkit.py from their directory
-        tools = {f"{self.tools_dir[1:]}/{f.name}": f.read_bytes() for f in sorted(TOOLS_SRC.glob("*.py"))}
-        self._put("/", _tar(tools, dirs=(KV_DIR[1:], self.tools_dir[1:], self.state_dir[1:])))
+        tools = {
+            f"{self.tools_dir[1:]}/{f.relative_to(TOOLS_SRC)}": f.read_bytes()
+            for f in sorted(TOOLS_SRC.rglob("*.py"))  # tools/r2egym/ too
+        }
+        subdirs = tuple(
+            f"{self.tools_dir[1:]}/{d.name}"
+            for d in sorted(TOOLS_SRC.iterdir())
+            if d.is_dir() and d.name != "__pycache__"
+        )
+        self._put("/", _tar(tools, dirs=(KV_DIR[1:], self.tools_dir[1:], *subdirs, self.state_dir[1:])))
         if src is not None:
             self._copy_in(src)
         r = self._exec_raw(["sh", "-c", f"test -d {shlex.quote(self.workdir)}"], 60)
@@ -216,12 +202,15 @@ class DockerSandbox(Sandbox):
         self._init_repo_state()
 
     def _copy_in(self, src: Path) -> None:
-        with tempfile.TemporaryDirectory(prefix="kvagent-copy-") as tmp:
+        tmp = owner.make_dir()  # swept like a local sandbox's if this process is killed here
+        try:
             copy = Path(tmp) / "repo"
-            copy_repo(src, copy)
+            self.copy_note = copy_repo(src, copy)
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w") as tar:
                 tar.add(str(copy), arcname=self.workdir.lstrip("/"))
+        finally:
+            owner.rmtree(tmp)
         self._exec_raw(["rm", "-rf", self.workdir], 120)
         self._put("/", buf.getvalue())
 
@@ -232,17 +221,7 @@ class DockerSandbox(Sandbox):
         env = {"LANG": "C.UTF-8", **BASE_ENV, **(env or {})}
         # stderr joins stdout inside the container: docker ships the two streams separately and
         # their interleaving would otherwise depend on timing, not on the order they were written.
-        wrapped = [
-            "sh",
-            "-c",
-            'exec "$@" 2>&1',
-            "sh",
-            "timeout",
-            "-s",
-            "KILL",
-            f"{max(timeout, 0.001):.3f}",
-            *argv,
-        ]
+        wrapped = ["sh", "-c", GROUP_WRAPPER, "sh", f"{max(timeout, 0.001):.3f}", *argv]
         exec_id = api.exec_create(self.container.id, wrapped, workdir=workdir, environment=env)["Id"]
         start = time.monotonic()
         stream = api.exec_start(exec_id, stream=True)
@@ -272,9 +251,15 @@ class DockerSandbox(Sandbox):
         if not self.container.put_archive(dest_dir, data):
             raise SandboxError(f"copying into {dest_dir} of the container failed")
 
+    def _confined(self, path: str) -> str:
+        p = self.confine(path)  # outside the tree: refused before anything runs
+        r = self._exec_raw([self.tool_python, "-c", REALPATH, p], 60)
+        real = r.output.strip().splitlines()[-1] if r.exit_code == 0 and r.output.strip() else p
+        return self.confine(path, real)
+
     def read_bytes(self, path: str) -> bytes:
         self._check_open()
-        p = self.resolve(path)
+        p = self._confined(path)
         try:
             chunks, _stat = self.container.get_archive(p)
         except self._errors.NotFound as e:
@@ -287,7 +272,7 @@ class DockerSandbox(Sandbox):
 
     def write_bytes(self, path: str, data: bytes) -> None:
         self._check_open()
-        p = posixpath.normpath(self.resolve(path))
+        p = self._confined(path)
         parent, name = posixpath.split(p)
         tarball = _tar({name: data})
         try:
@@ -297,7 +282,7 @@ class DockerSandbox(Sandbox):
             self._put(parent, tarball)
 
     def _remove(self, name_or_id: str) -> None:
-        with _NoSigint():
+        with owner.held_signals():
             try:
                 self.client.api.remove_container(name_or_id, force=True, v=True)
             except self._errors.NotFound:
@@ -307,6 +292,6 @@ class DockerSandbox(Sandbox):
                     log.warning("could not remove container %s: %s", name_or_id, e)
 
     def _close(self) -> None:
-        _live.discard(self)
+        owner.untrack(self)
         if self.container is not None:
             self._remove(self.container.id)

@@ -17,20 +17,26 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from kvagent.sandbox import mounts
+from kvagent.sandbox import mounts, owner
 from kvagent.sandbox.base import BASE_ENV, DEFAULT_MAX_OUTPUT, TOOLS_SRC, Result, Sandbox, truncation_note
 from kvagent.sandbox.errors import SandboxError
 from kvagent.sandbox.procs import CappedReader, pipe_chunks
 from kvagent.sandbox.repocopy import check_repo, copy_repo
 
 log = logging.getLogger(__name__)
+# "auto" is "bwrap" (kept for callers that pass it); only an explicit "none" runs unisolated.
 ISOLATIONS = ("auto", "bwrap", "none")
-# After the process exits, how long stray holders of its output pipe may keep us waiting.
+# After the command returns and its process group is killed, how long a process that left the
+# group (setsid) may keep its output pipe open before we stop reading.
 DRAIN_S = 5.0
+NO_BWRAP = (
+    "{why}, and model-written commands are not run unisolated; install bubblewrap "
+    "(apt-get install bubblewrap) or allow it user namespaces, or run them on the host on purpose "
+    "with --isolation none (isolation='none')"
+)
 # The uid and gid commands run as inside the user namespace: not root, so no capability applies.
 SANDBOX_UID = 1000
 USERNS_HELP = (
@@ -39,18 +45,6 @@ USERNS_HELP = (
     "or `sysctl -w user.max_user_namespaces=15000` (or an AppArmor profile for bwrap)"
 )
 _userns_ok: dict[str, bool] = {}  # per bwrap binary, once known: warn about a missing userns once
-
-
-def _rmtree(path: str) -> None:
-    def onerror(func, p, _exc):  # files the agent made read-only must still go
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=onerror)
 
 
 class LocalSandbox(Sandbox):
@@ -69,15 +63,15 @@ class LocalSandbox(Sandbox):
         # Extra host paths the user chose to show, at the same path: read-only / writable.
         self.bind = mounts.check_binds(bind, "bind")
         self.bind_rw = mounts.check_binds(bind_rw, "bind_rw")
-        bwrap = shutil.which("bwrap")
-        if isolation == "bwrap" and bwrap is None:
-            raise SandboxError("isolation='bwrap' but bwrap is not installed; install bubblewrap")
-        if isolation == "auto" and bwrap is None:
-            log.warning("bwrap not found: local sandbox commands run unisolated (network on, host writable)")
-        self.bwrap = bwrap if isolation != "none" else None
+        bwrap = shutil.which("bwrap") if isolation != "none" else None
+        if isolation != "none" and bwrap is None:
+            raise SandboxError(NO_BWRAP.format(why="bwrap (bubblewrap) is not installed"))
+        self.isolation = "none" if isolation == "none" else "bwrap"
+        self.bwrap = bwrap
         self.network = network
         self.uid: int | None = None  # SANDBOX_UID when commands run in a user namespace
-        self.root = os.path.realpath(tempfile.mkdtemp(prefix="kvagent-sbx-"))
+        owner.sweep_once("dirs")
+        self.root = owner.make_dir()  # named after this process, so a sweep can tell it is orphaned
         try:
             self.workdir = os.path.join(self.root, "repo")
             self.state_dir = os.path.join(self.root, "state")
@@ -86,17 +80,18 @@ class LocalSandbox(Sandbox):
             os.makedirs(os.path.join(self.root, "home"))
             shutil.copytree(TOOLS_SRC, self.tools_dir, ignore=shutil.ignore_patterns("__pycache__"))
             self.tool_python = sys.executable
-            copy_repo(src, Path(self.workdir))
+            self.copy_note = copy_repo(src, Path(self.workdir))
             if self.bwrap:
                 self._mounts = mounts.layout(self.root, self.tools_dir, self.bind, self.bind_rw)
-                self._probe_bwrap(isolation)
+                self._probe_bwrap()
             self._init_repo_state()
         except BaseException:
-            _rmtree(self.root)
+            owner.rmtree(self.root)
             self._closed = True
             raise
+        owner.track(self)
 
-    def _probe_bwrap(self, isolation: str) -> None:
+    def _probe_bwrap(self) -> None:
         """Run `true` in the real layout, so a bwrap that cannot work fails here, clearly."""
         if _userns_ok.get(self.bwrap, True):
             self.uid = SANDBOX_UID
@@ -107,23 +102,18 @@ class LocalSandbox(Sandbox):
             self.uid = None
             why = (r.stderr.strip().splitlines() or ["no message"])[-1]
             if self._run_probe().returncode != 0:
-                self._bwrap_unusable(isolation, why)
-                return
+                self._bwrap_unusable(why)
             log.warning(USERNS_HELP.format(why=why, uid=os.getuid()))  # once: cached below
             _userns_ok[self.bwrap] = False
         elif (r := self._run_probe()).returncode != 0:
-            self._bwrap_unusable(isolation, (r.stderr.strip().splitlines() or ["no message"])[-1])
+            self._bwrap_unusable((r.stderr.strip().splitlines() or ["no message"])[-1])
 
     def _run_probe(self) -> subprocess.CompletedProcess:
         argv = self._argv(["true"])
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
 
-    def _bwrap_unusable(self, isolation: str, why: str) -> None:
-        msg = f"bwrap cannot start a sandbox here ({why})"
-        if isolation == "bwrap":
-            raise SandboxError(f"{msg}; allow user namespaces or setuid bwrap, or use isolation='none'")
-        log.warning("%s: local sandbox commands run unisolated (network on, host visible)", msg)
-        self.bwrap = None
+    def _bwrap_unusable(self, why: str) -> None:
+        raise SandboxError(NO_BWRAP.format(why=f"bwrap cannot start a sandbox here ({why})"))
 
     def _argv(self, argv: list[str]) -> list[str]:
         if not self.bwrap:
@@ -174,14 +164,12 @@ class LocalSandbox(Sandbox):
         except BaseException:  # Ctrl-C: do not leave the command running
             self._kill(proc)
             raise
+        # Returned or timed out: its background processes go too (bwrap's PID namespace does this
+        # already; without bwrap the process group is what holds them).
+        self._kill(proc)
         if timed_out:
-            self._kill(proc)
             proc.wait()
-        # Background children may still hold the pipe; bound the wait, then kill the group.
-        drain = 1.0 if timed_out else max(1.0, min(DRAIN_S, timeout + start - time.monotonic()))
-        if not reader.join(drain):
-            self._kill(proc)
-            reader.join(1.0)
+        reader.join(1.0 if timed_out else max(1.0, min(DRAIN_S, timeout + start - time.monotonic())))
         proc.stdout.close()
         data, dropped = reader.data()
         if dropped:
@@ -197,10 +185,7 @@ class LocalSandbox(Sandbox):
             os.killpg(proc.pid, signal.SIGKILL)
 
     def _host_path(self, path: str) -> str:
-        p = os.path.realpath(self.resolve(path))
-        if p != self.root and not p.startswith(self.root + os.sep):
-            raise SandboxError(f"path {path!r} is outside the sandbox; use a path inside {self.workdir}")
-        return p
+        return self.confine(path, os.path.realpath(self.resolve(path)))
 
     def read_bytes(self, path: str) -> bytes:
         self._check_open()
@@ -215,7 +200,8 @@ class LocalSandbox(Sandbox):
             f.write(data)
 
     def _close(self) -> None:
-        _rmtree(self.root)
+        owner.untrack(self)
+        owner.rmtree(self.root)
 
 
 @functools.cache

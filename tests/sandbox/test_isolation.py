@@ -185,3 +185,59 @@ def test_docker_mounts_nothing_of_the_host(repo, request, secrets):
         assert r.exit_code != 0 and "No such file or directory" in r.output
         for path, token in secrets.items():
             assert token not in sb.run(f"cat {path}", timeout=30).output
+
+
+def _no_bwrap(monkeypatch) -> None:
+    real = shutil.which
+    monkeypatch.setattr(
+        local_backend.shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real(name, *a, **k)
+    )
+
+
+@pytest.mark.parametrize("isolation", ["auto", "bwrap"])
+def test_without_bwrap_model_commands_refuse_to_run_unisolated(repo, monkeypatch, isolation):
+    """Issue 16.10: no silent fallback; the error names both ways out."""
+    _no_bwrap(monkeypatch)
+    with pytest.raises(SandboxError, match=r"not installed.*install bubblewrap.*--isolation none"):
+        open_sandbox("local", repo=repo, isolation=isolation)
+    with open_sandbox("local", repo=repo, isolation="none") as sb:  # said explicitly: runs on the host
+        assert sb.bwrap is None and sb.run("echo ok", timeout=30).output == "ok\n"
+
+
+def test_a_bwrap_that_cannot_start_is_refused_by_default_too(repo, tmp_path, monkeypatch):
+    _fake_bwrap(tmp_path, monkeypatch, "--")
+    with pytest.raises(SandboxError, match="bwrap cannot start a sandbox here .*--isolation none"):
+        open_sandbox("local", repo=repo)
+
+
+def test_isolation_option_reaches_every_local_sandbox(repo, tmp_path):
+    """--isolation is threaded into solve/chat (the spec) and eval (episodes and grading)."""
+    from kvagent.cli import environments
+    from kvagent.errors import ConfigError
+    from kvagent.evals.datasets import Instance
+
+    local = {"backend": "local", "repo": str(repo)}
+    assert environments.with_isolation(local, "none") == {**local, "isolation": "none"}
+    assert environments.with_isolation({"backend": "docker", "image": "x"}, "none") == {
+        "backend": "docker",
+        "image": "x",
+    }
+    with pytest.raises(ConfigError, match="isolation: got 'jail'; use bwrap"):
+        environments.with_isolation(local, "jail")
+    repos = tmp_path / "repos"
+    repos.mkdir()
+    shutil.copytree(repo, repos / "x__y-1", symlinks=True)
+    inst = Instance("x__y-1", "x/y", "0" * 40, "p", test_patch="", FAIL_TO_PASS=[], PASS_TO_PASS=[])
+    with environments.local_env(repos, "none")(inst) as sb:
+        assert sb.bwrap is None
+    with environments.local_env(repos)(inst) as sb:
+        assert sb.bwrap is not None
+
+
+def test_cli_rejects_a_bad_isolation_before_loading_a_model(repo):
+    from typer.testing import CliRunner
+
+    from kvagent.cli.app import app
+
+    result = CliRunner().invoke(app, ["solve", "--issue", "x", "--repo", str(repo), "--isolation", "jail"])
+    assert result.exit_code == 2 and "isolation: got 'jail'" in result.output
