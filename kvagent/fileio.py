@@ -11,11 +11,27 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+def _umask() -> int:
+    """The process umask, read without setting it where Linux shows it (setting is racy in threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int | None = None) -> Path:
+    """Write through a temp file renamed into place. The file gets `mode`, by default what a plain
+    open() would give (0o666 less the umask), not mkstemp's private 0o600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask() if mode is None else mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -37,16 +53,47 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, default=str) -> Pa
 
 
 def append_jsonl(path: str | os.PathLike[str], record: Any) -> None:
-    """Append one JSON line with a single write + fsync, so a killed writer leaves whole lines."""
+    """Append one JSON line with a single write + fsync, so a killed writer leaves whole lines. The one
+    writer of every results file: under an exclusive lock (threads and processes may share a file), it
+    first heals a torn tail (a last line cut short by power loss or a full disk), so a new record is
+    never glued onto a fragment; every whole record is kept."""
+    import fcntl
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _heal_tail(fd)
         os.write(fd, line)
         os.fsync(fd)
     finally:
-        os.close(fd)
+        os.close(fd)  # releases the lock
+
+
+def _heal_tail(fd: int) -> None:
+    """Make the file end at a line boundary: a last line that lacks its newline gets one if it is a
+    whole JSON value, and is cut off otherwise (it was never a whole record)."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    start, tail = size, b""
+    while start > 0:
+        lo = max(0, start - (1 << 16))
+        chunk = os.pread(fd, start - lo, lo)
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            tail, start = chunk[cut + 1 :] + tail, lo + cut + 1
+            break
+        tail, start = chunk + tail, lo
+    try:
+        json.loads(tail.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        os.ftruncate(fd, start)
+    else:
+        os.write(fd, b"\n")
+    os.fsync(fd)
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
@@ -56,7 +103,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
     from kvagent.errors import KvagentError
 
     path = Path(path)
-    with path.open(encoding="utf-8") as f:
+    # errors="replace": a line torn inside a multi-byte character is skipped below, not a traceback.
+    with path.open(encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -63,6 +63,7 @@ def parse_policy_args(items: Sequence[str] | None, policies: Sequence[str]) -> d
             like = f"{tunable[0]}.{key}={raw}"
         elif not dot and len(tunable) > 1:
             problem = f"names no policy and there are several ({', '.join(tunable)}); write POLICY.KEY=VALUE"
+            like = f"{_taker(key, raw, tunable)}.{key}={raw}"
         else:
             try:
                 value: Any = json.loads(raw)
@@ -72,3 +73,21 @@ def parse_policy_args(items: Sequence[str] | None, policies: Sequence[str]) -> d
             continue
         raise ConfigError(f"policy-arg: {item!r} {problem}; e.g. --policy-arg {like}")
     return out
+
+
+def _taker(key: str, raw: str, policies: Sequence[str]) -> str:
+    """The first of `policies` that takes option `key` (for the example in an error), else the first."""
+    from kvagent.runtime.policies import make_policy
+
+    for policy in policies:
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        try:
+            make_policy(policy, **{key: value})
+            return policy
+        except (ConfigError, TypeError, ValueError) as e:
+            if "has no option" not in str(e):
+                return policy  # it takes the key; only the value is off
+    return policies[0]

@@ -208,6 +208,7 @@ def grade_instance(
             _grade_in(_SandboxTarget(sandbox), instance, patch, recipes, details, timeout, logs, run_install)
     except KvagentError as e:
         details["error"] = str(e)
+        details["infra"] = True  # no image, a sandbox that failed: not the patch's fault
     details["duration_s"] = round(time.monotonic() - started, 2)
     if logs is not None:
         atomic_write_json(logs / "details.json", details)
@@ -240,9 +241,16 @@ def load_predictions(path: str | Path) -> dict[str, dict[str, Any]]:
             raise KvagentError(f"{path}: prediction {i} has no instance_id")
         if "model_patch" not in rec:
             raise KvagentError(f"{path}: prediction for {rec['instance_id']!r} lacks field 'model_patch'")
+        if rec["model_patch"] is not None and not isinstance(rec["model_patch"], str):
+            raise KvagentError(
+                f"{path}: prediction for {rec['instance_id']!r} has a model_patch of type "
+                f"{type(rec['model_patch']).__name__}; it must be a diff string (or null for none)"
+            )
         if rec["instance_id"] in out:
             raise KvagentError(f"{path}: two predictions for {rec['instance_id']!r}; grade one run per file")
         out[rec["instance_id"]] = rec
+    if not out:
+        raise KvagentError(f"{path}: holds no predictions; pass a file with one per instance, or `gold`")
     return out
 
 
@@ -256,6 +264,7 @@ def grade_predictions(
     timeout: int = DEFAULT_TIMEOUT_S,
     open_env: OpenEnv,
     log: Log = _quiet,
+    recipes: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Grade a predictions file (or `gold`: the dataset's own patches) and write `out_dir/report.json`
     (rewritten atomically after each instance). `instances` selects as `select_instances` does."""
@@ -307,6 +316,7 @@ def grade_predictions(
             open_env=open_env,
             timeout=timeout,
             log_dir=out / "logs" / inst.instance_id,
+            recipes=recipes,
         )
         report["instances"][inst.instance_id] = d
         report[f"{d['status']}_ids"].append(inst.instance_id)

@@ -42,9 +42,17 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"`resolved`, averaged over instances; {level}% CIs from a paired bootstrap over instances "
         f"({boot['n_boot']} replicates, seed {boot['seed']}).",
         "",
+    ]
+    if summary.get("n_errors"):
+        lines += [
+            f"**{summary['n_errors']} runs hit infrastructure errors** (column `errors`): they are not "
+            "counted in any Pass@1 and are redone when the same `kvagent eval` runs again.",
+            "",
+        ]
+    lines += [
         "| policy | mode | budget | instances | seeds | Resolved | Pass@1 % | "
-        f"{level}% CI | Pass@k % | steps | tokens | evictions | KV MiB |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+        f"{level}% CI | Pass@k % | errors | steps | tokens | evictions | KV MiB |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in summary["configs"]:
         lo, hi = r["pass_at_1_ci"]
@@ -52,7 +60,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines.append(
             f"| {r['policy']} | {r['mode']} | {budget_cell(r['budget'])} | {r['n_instances']} | "
             f"{len(r['seeds'])} | {r['resolved']:.2f} | {_pct(r['pass_at_1'])} | [{_pct(lo)}, {_pct(hi)}] | "
-            f"{_pct(r['pass_at_k'])} | {_num(r['mean_steps'])} | {_num(r['mean_tokens'], 0)} | "
+            f"{_pct(r['pass_at_k'])} | {r.get('n_errors', 0)} | {_num(r['mean_steps'])} | {_num(r['mean_tokens'], 0)} | "
             f"{_num(r['mean_evictions'])} | {_num(None if kv is None else kv / 2**20)} |"
         )
     if summary["comparisons"]:

@@ -1,11 +1,13 @@
 """The eval runner: instances x policies x modes x budgets x seeds, resumable.
 
 Layout of a run directory:
-  runs.jsonl                     one record per finished run (appended atomically; the source of truth)
+  runs.jsonl                     one record per run (appended atomically; the source of truth)
   trajectories/<run_id>.traj.json
   predictions/<config>__s<seed>.jsonl   SWE-bench predictions, rebuilt from runs.jsonl
   grading/<run_id>/              grading logs
-A run without a record in runs.jsonl is (re)done on the next invocation; one with a record never is.
+A run without a finished record in runs.jsonl is (re)done on the next invocation; one with a finished
+record never is. A run that hit an infrastructure error (`infra_error: true`: no image, a sandbox or
+grader that failed, a crashed episode) is recorded as such, not counted in Pass@1, and redone.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from kvagent.agent.config import AgentConfig
 from kvagent.agent.solve import solve_episode
 from kvagent.errors import KvagentError
 from kvagent.evals.datasets import Instance
+from kvagent.evals.stats import is_infra_error, settle
 from kvagent.fileio import append_jsonl, atomic_write_text, read_jsonl
 from kvagent.runspec import DEFAULT_PROTECT, DEFAULT_SCOPE, RunSpec, sweep
 
@@ -82,16 +85,15 @@ def plan_runs(
     return [EvalRun(iid, spec) for iid in instance_ids for spec in specs]
 
 
-def load_records(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """Finished runs by run_id (the first record of each)."""
-    path = run_dir / RUNS_FILE
-    records: dict[str, dict[str, Any]] = {}
+def load_records(run_dir: Path, *, errors: bool = False) -> dict[str, dict[str, Any]]:
+    """Finished runs by run_id (the last finished record of each); with `errors`, also the runs that so
+    far only hit infrastructure errors (their last record)."""
+    path = Path(run_dir) / RUNS_FILE
     if not path.exists():
-        return records
-    for _, rec in read_jsonl(path):
-        if isinstance(rec, dict) and "run_id" in rec:
-            records.setdefault(rec["run_id"], rec)
-    return records
+        return {}
+    recs = (rec for _, rec in read_jsonl(path) if isinstance(rec, dict) and "run_id" in rec)
+    settled = settle(recs, lambda r: r["run_id"])
+    return {k: r for k, r in settled.items() if errors or not is_infra_error(r)}
 
 
 @dataclass
@@ -119,8 +121,14 @@ class EvalRunner:
         done = load_records(self.run_dir)
         return [s for s in specs if s.run_id not in done]
 
-    def run(self, specs: Sequence[EvalRun]) -> list[dict[str, Any]]:
-        """Run what is not finished yet; returns the records of all `specs`."""
+    def run(
+        self,
+        specs: Sequence[EvalRun],
+        execute: Callable[[list[EvalRun]], Iterable[tuple[EvalRun, dict[str, Any]]]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run what is not finished yet; returns the records of all `specs`. `execute` runs the
+        episodes elsewhere (default: here, `workers` at a time; kvagent.evals.distributed: on Ray
+        actors) and yields (run, record) as each finishes; this runner records them."""
         unknown = sorted({s.instance_id for s in specs} - set(self.instances))
         if unknown:
             raise KvagentError(f"eval: unknown instance(s) {', '.join(unknown[:5])}; check --instances")
@@ -128,11 +136,12 @@ class EvalRunner:
         todo = self.pending(specs)
         done = set(load_records(self.run_dir))
         to_execute = list(dict.fromkeys(s.canonical for s in todo if s.canonical.run_id not in done))
-        for spec, record in self._execute(to_execute):
+        for spec, record in (execute or self._execute)(to_execute):
             self._store(spec, record)
         self._derive(todo)
-        records = load_records(self.run_dir)
-        self.write_predictions(records.values())
+        # A run that only hit infrastructure errors so far: its last error record (`infra_error`).
+        records = load_records(self.run_dir, errors=True)
+        self.write_predictions(r for r in records.values() if not is_infra_error(r))
         return [records[s.run_id] for s in specs if s.run_id in records]
 
     def _execute(self, specs: list[EvalRun]) -> Iterator[tuple[EvalRun, dict[str, Any]]]:
@@ -185,6 +194,8 @@ class EvalRunner:
         result = None
         error = None
         try:
+            # Any failure here is the infrastructure's (bad settings were checked before the first
+            # run): recorded, and the batch goes on.
             with self.open_env(instance) as env:
                 result = solve_episode(
                     self.engine,
@@ -196,12 +207,19 @@ class EvalRunner:
                     meta={"run_id": run.run_id, "instance_id": run.instance_id, "spec": run.meta()},
                 )
         except KvagentError as e:
-            error = str(e)  # e.g. a missing image: recorded, and the batch goes on
+            error = str(e)
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
         patch = result.patch if result is not None else ""
         grading: Mapping[str, Any] = {}
-        if self.grade is not None and result is not None:
-            grading = self.grade(instance, patch, self.run_dir / "grading" / run.run_id)
+        crashed = result is None or result.exit_status == "error"
+        if self.grade is not None and not crashed:
+            try:
+                grading = self.grade(instance, patch, self.run_dir / "grading" / run.run_id)
+            except Exception as e:
+                grading = {"status": "error", "error": f"grading: {type(e).__name__}: {e}", "infra": True}
         last = _last_cache(result)
+        grade_infra = bool(grading.get("infra"))
         return {
             "run_id": run.run_id,
             "config": run.label,
@@ -211,8 +229,11 @@ class EvalRunner:
             "budget": spec.budget,
             "seed": spec.seed,
             "model": self.model_name,
+            "scaffold": self.agent_config.scaffold,  # protocol profile (docs/deepswe.md)
+            "history": self.agent_config.history,
             "exit_status": result.exit_status if result is not None else "error",
-            "error": error or (result.error if result is not None else None),
+            "error": error or (result.error if result is not None else None) or grading.get("error"),
+            "infra_error": crashed or grade_infra,
             "resolved": bool(grading.get("resolved", False)),
             "grade_status": grading.get("status") if grading else None,
             "steps": result.steps if result is not None else 0,

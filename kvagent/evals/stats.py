@@ -26,6 +26,24 @@ RUN_FIELDS = ("instance_id", "policy", "mode", "budget", "seed", "resolved")
 COST_FIELDS = ("steps", "tokens", "evictions", "kv_bytes")
 
 
+def is_infra_error(run: Mapping[str, Any]) -> bool:
+    """A run that failed for a reason outside the policy (no image, a sandbox or grader that broke, a
+    crashed episode): recorded, redone by the next `kvagent eval`, and never counted in Pass@1.
+    Records older than the `infra_error` field count every `exit_status: error` as one."""
+    flag = run.get("infra_error")
+    return bool(flag) if flag is not None else run.get("exit_status") == "error"
+
+
+def settle(runs: Iterable[Mapping[str, Any]], key: Any) -> dict[Any, dict[str, Any]]:
+    """One record per `key(run)`: the last finished one, else (only errors so far) the last error."""
+    out: dict[Any, dict[str, Any]] = {}
+    for r in runs:
+        k = key(r)
+        if k not in out or not is_infra_error(r) or is_infra_error(out[k]):
+            out[k] = dict(r)
+    return out
+
+
 def config_of(run: Mapping[str, Any]) -> RunSpec:
     """The configuration a run record belongs to (a float budget that is a whole number is tokens)."""
     budget = run["budget"]
@@ -103,16 +121,16 @@ def build_table(runs: Iterable[Mapping[str, Any]]) -> Table:
     seeds = []
     for c, cfg in enumerate(configs):
         sums: dict[int, list[float]] = {}
-        # A rerun of the same (instance, seed) replaces the earlier record.
-        latest: dict[tuple[str, Any], dict[str, Any]] = {}
-        for r in by_cfg[cfg]:
-            latest[(str(r["instance_id"]), json.dumps(r["seed"]))] = r
+        # A rerun of the same (instance, seed) replaces the earlier record; infrastructure errors
+        # are kept for their count but score nothing (an instance with only errors is left out).
+        latest = settle(by_cfg[cfg], lambda r: (str(r["instance_id"]), json.dumps(r["seed"])))
         by_cfg[cfg] = list(latest.values())
         for (iid, _), r in latest.items():
-            sums.setdefault(col[iid], []).append(1.0 if r["resolved"] is True else 0.0)
+            if not is_infra_error(r):
+                sums.setdefault(col[iid], []).append(1.0 if r["resolved"] is True else 0.0)
         for j, vals in sums.items():
             scores[c, j] = sum(vals) / len(vals)
-        seeds.append(sorted({json.dumps(r["seed"]) for r in latest.values()}))
+        seeds.append(sorted({json.dumps(r["seed"]) for r in latest.values() if not is_infra_error(r)}))
     return Table(configs, instances, scores, [[json.loads(s) for s in ss] for ss in seeds], by_cfg)
 
 
@@ -171,6 +189,8 @@ def summarize(
         present = ~np.isnan(row_scores)
         cruns = table.runs[cfg]
         pass1 = float(row_scores[present].mean()) if present.any() else math.nan
+        errors = [r for r in cruns if is_infra_error(r)]
+        cruns = [r for r in cruns if not is_infra_error(r)]
         n_seeds = len(table.seeds[c])
         resolved_runs = sum(1 for r in cruns if r["resolved"] is True)
         lo, hi = percentile_ci(boot[c], level)
@@ -194,6 +214,8 @@ def summarize(
                 "pass_at_k": float((row_scores[present] > 0).mean()) if present.any() else math.nan,
                 **{f"mean_{name}": _mean([r.get(name) for r in cruns]) for name in COST_FIELDS},
                 "exit_status": exit_counts,
+                "n_errors": len(errors),
+                "errors": sorted({str(r.get("error") or "error") for r in errors})[:3],
             }
         )
 
@@ -238,7 +260,8 @@ def summarize(
                 comparisons.append(compare(c, r))
 
     return {
-        "n_runs": sum(len(v) for v in table.runs.values()),
+        "n_runs": sum(1 for v in table.runs.values() for r in v if not is_infra_error(r)),
+        "n_errors": sum(row["n_errors"] for row in rows),
         "instances": table.instances,
         "bootstrap": {
             "n_boot": n_boot,

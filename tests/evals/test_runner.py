@@ -164,7 +164,7 @@ def test_kvagent_eval_cli_with_tiny_model_and_local_sandboxes(tmp_path, fixture_
         "--modes",
         "persistent,reprefill",
         "--budgets",
-        "1024",
+        "2048",
         "--max-steps",
         "1",
         "--max-new-tokens",
@@ -175,7 +175,7 @@ def test_kvagent_eval_cli_with_tiny_model_and_local_sandboxes(tmp_path, fixture_
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     records = [json.loads(x) for x in (out / RUNS_FILE).read_text().splitlines()]
-    assert len(records) == 4 and {r["exit_status"] for r in records} <= {"step_limit", "submitted", "error"}
+    assert len(records) == 4 and {r["exit_status"] for r in records} <= {"step_limit", "submitted"}
     assert all(r["resolved"] is False for r in records)  # a random model fixes nothing
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and "4 already finished" in second.stderr

@@ -175,7 +175,12 @@ def test_groups_by_mode_and_budget_and_rerun_replaces():
     runs += [run("i1", "A", 0, True, budget=2048.0)]
     t = build_table(runs)
     labels = [c.label for c in t.configs]  # the run spec's label, as in file names
-    assert labels == ["A__persistent__K1024", "A__persistent__K2048", "B__persistent__K1024", "A__reprefill__K1024"]
+    assert labels == [
+        "A__persistent__K1024",
+        "A__persistent__K2048",
+        "B__persistent__K1024",
+        "A__reprefill__K1024",
+    ]
     s = summarize(runs, n_boot=100)
     assert config(s, "A", mode="reprefill")["pass_at_1"] == 1.0  # the later record of (i1, seed 0) wins
     assert config(s, "A", budget=2048)["n_instances"] == 1

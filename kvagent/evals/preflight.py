@@ -1,0 +1,88 @@
+"""Checks of a whole eval grid before its first episode: every setting is built the way its runs will
+build it, and the longest real first prompt is measured against every budget, so a bad setting fails
+as one line naming it instead of being recorded, run after run, as a failed episode."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from kvagent.agent.config import AgentConfig
+from kvagent.errors import ConfigError
+from kvagent.evals.datasets import Instance
+from kvagent.evals.runner import EvalRun
+
+
+class _PromptProbe:
+    """A session that only keeps what the agent feeds it first: the episode's rendered prompt."""
+
+    logical_length = 0
+    stats = None
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+
+    def append(self, ids: Sequence[int]) -> None:
+        self.ids = list(ids)
+
+
+class _Workdir:
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+
+
+def first_prompt_tokens(tokenizer: Any, issue_text: str, config: AgentConfig, workdir: str) -> int:
+    """Tokens of the first prompt exactly as the agent renders it in a sandbox whose repository is at
+    `workdir` (system prompt, instance prompt naming that path, step notice)."""
+    from kvagent.agent.loop import Agent
+
+    probe = _PromptProbe()
+    # No context limit here: the caller compares the length with it and says by how much it misses.
+    Agent(probe, _Workdir(workdir), tokenizer, replace(config, context_limit=1 << 62)).start(issue_text)
+    return len(probe.ids)
+
+
+def check_sampling(agent_config: AgentConfig, runs: Sequence[EvalRun]) -> None:
+    """The sampling settings of every seed (no engine needed: checked before one loads)."""
+    for seed in sorted({r.spec.seed for r in runs}):
+        replace(agent_config, seed=seed).sampling()
+
+
+def check_grid(
+    engine: Any,
+    runs: Sequence[EvalRun],
+    instances: Mapping[str, Instance],
+    agent_config: AgentConfig,
+    workdir: str,
+) -> None:
+    """Raise a one-line ConfigError naming the first setting of `runs` that cannot run: sampling
+    settings (per seed), each cache configuration on this engine (block multiples, the model's context),
+    and the protected prompt of the longest instance prompt against each budget and the context limit."""
+    from kvagent.runtime.budget import prompt_fit_problem
+
+    check_sampling(agent_config, runs)
+    specs = list(dict.fromkeys(r.spec for r in runs))
+    for spec in specs:
+        try:
+            engine.session(spec.cache_config())
+        except ConfigError as e:
+            raise ConfigError(f"{spec.label}: {e}") from None
+    if not runs:
+        return
+    # Every check below gets harder with a longer prompt: the longest one decides.
+    lengths = {
+        iid: first_prompt_tokens(engine.tokenizer, instances[iid].problem_statement, agent_config, workdir)
+        for iid in dict.fromkeys(r.instance_id for r in runs)
+    }
+    iid, longest = max(lengths.items(), key=lambda kv: kv[1])
+    if longest >= agent_config.context_limit:
+        raise ConfigError(
+            f"context-limit: {agent_config.context_limit} tokens, but the first prompt of {iid} is {longest} "
+            f"tokens; use --context-limit above {longest}"
+        )
+    n_layers = getattr(engine, "n_layers", 1)
+    for spec in specs:
+        problem = prompt_fit_problem(spec.cache_config(), longest, n_layers, option="--budgets")
+        if problem:
+            raise ConfigError(f"{spec.label} on {iid} (longest first prompt): {problem}")
