@@ -25,7 +25,7 @@ from kvagent.agent.config import AgentConfig
 from kvagent.agent.loop import INTERRUPTED, AgentEvent, Turn
 from kvagent.agent.parser import ToolCall
 from kvagent.agent.tools import FINISH_TOOL
-from kvagent.cli.ui import cache_status
+from kvagent.cli.ui import cache_status, trim_lines
 from kvagent.errors import ConfigError, KvagentError
 
 APPROVALS = ("confirm", "yolo")
@@ -235,11 +235,7 @@ class ChatSession:
         self.console.print(Panel(body, title=title, title_align="left", border_style="cyan"))
 
     def _show_observation(self, text: str) -> None:
-        lines = text.split("\n")
-        if len(lines) > SHOWN_LINES:
-            cut = len(lines) - SHOWN_LINES
-            lines = [*lines[: SHOWN_LINES // 2], f"[... {cut} lines ...]", *lines[-SHOWN_LINES // 2 :]]
-        self.console.print(Text("\n".join(lines), style="dim"))
+        self.console.print(Text(trim_lines(text, SHOWN_LINES), style="dim"))
 
     def _status_line(self) -> None:
         self.console.print(Text(cache_status(self.session.stats, self.budget, self.buffer), style="dim cyan"))
@@ -327,16 +323,19 @@ class ChatSession:
 
 def run_chat(
     *,
-    repo: str,
+    repo: str = ".",
     model: str,
     cache: dict[str, Any],
     agent: dict[str, Any],
     approval: str = "confirm",
     device: str = "auto",
     dtype: str = "auto",
+    isolation: str = "bwrap",
     console: Console | None = None,
 ) -> ChatSession:
-    """`kvagent chat`: validate, load the model, copy the repository into a sandbox, then chat."""
+    """`kvagent chat`: validate, load the model, copy the repository (default: the current directory)
+    into a sandbox, then chat."""
+    from kvagent.cli import environments
     from kvagent.cli.common import agent_config, cache_config, load_engine
     from kvagent.cli.solve import check_before_sandbox, sandbox_spec
     from kvagent.runspec import RunSpec
@@ -345,11 +344,11 @@ def run_chat(
     cfg, config = cache_config(**cache), agent_config(**agent)
     if approval not in APPROVALS:
         raise ConfigError(f"approval: got {approval!r}; choose one of {', '.join(APPROVALS)}")
-    spec = sandbox_spec(repo, None)
+    spec = environments.with_isolation(sandbox_spec(repo, None), isolation)
     console = console or Console()
     console.print(Text(f"loading model {model} ...", style="dim"))
     engine = load_engine(model, device=device, dtype=dtype)
-    check_before_sandbox(engine, cfg, config.prompt_style)
+    check_before_sandbox(engine, cfg, config)  # the config: its profile's prompts
     session = engine.session(cfg)
     with open_sandbox(**spec) as sandbox:
         console.print(

@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
+from kvagent.agent.loop import EpisodeInterrupted
 from kvagent.cli.common import agent_config, cache_config, load_engine
 from kvagent.errors import KvagentError
 from kvagent.fileio import atomic_write_text
@@ -41,7 +42,20 @@ def sandbox_spec(repo: str | None, image: str | None) -> dict[str, Any]:
     return {"backend": "docker", "image": image}
 
 
-def check_before_sandbox(engine: Any, config: Any, prompt_style: str, issue_text: str = "") -> None:
+def check_image(spec: dict[str, Any]) -> None:
+    """A missing image fails here, before the (slow) model load, not when the sandbox opens."""
+    if spec["backend"] != "docker":
+        return
+    from kvagent.sandbox.images import image_exists
+
+    if not image_exists(spec["image"]):
+        raise KvagentError(
+            f"image: docker image {spec['image']!r} not found locally; build it with `kvagent images build "
+            "--instances ID` (or `docker load` it), or pass --repo PATH"
+        )
+
+
+def check_before_sandbox(engine: Any, config: Any, prompt_style: Any, issue_text: str = "") -> None:
     """Fail on a bad budget for this model, and on a protected prompt the budget cannot hold, before a
     sandbox is opened."""
     from kvagent.agent.solve import first_prompt_length
@@ -64,34 +78,42 @@ def run_solve(
     device: str = "auto",
     dtype: str = "auto",
     console: Console | None = None,
+    isolation: str = "bwrap",
 ) -> Any:
     from kvagent.agent.solve import solve_episode
-    from kvagent.cli.ui import EpisodeProgress
+    from kvagent.cli import environments
+    from kvagent.cli.ui import EpisodeStream
     from kvagent.sandbox import open_sandbox
 
     issue_text = read_issue(issue)
     cfg, agent_cfg = cache_config(**cache), agent_config(**agent)
     console = console or Console(stderr=True)
-    spec = sandbox_spec(repo, image)
+    spec = environments.with_isolation(sandbox_spec(repo, image), isolation)
+    check_image(spec)
     out_dir = Path(out or f"runs/solve-{time.strftime('%Y%m%d-%H%M%S')}")
     console.print(f"loading model {model} ...")
     engine = load_engine(model, device=device, dtype=dtype)
-    check_before_sandbox(engine, cfg, agent_cfg.prompt_style, issue_text)
+    check_before_sandbox(engine, cfg, agent_cfg, issue_text)  # the config: its profile's prompts
     out_dir.mkdir(parents=True, exist_ok=True)
     trajectory = out_dir / "episode.traj.json"
-    progress = EpisodeProgress(console, cfg.budget, cfg.buffer, agent_cfg.max_steps)
-    with open_sandbox(**spec) as sandbox, progress:
-        result = solve_episode(
-            engine,
-            sandbox,
-            issue_text,
-            cache_config=cfg,
-            config=agent_cfg,
-            trajectory_path=trajectory,
-            meta={"sandbox": spec},
-            on_event=progress,
-        )
-    console.print()  # end the live status line
+    stream = EpisodeStream(console, agent_cfg.max_steps)
+    try:
+        with open_sandbox(**spec) as sandbox:
+            result = solve_episode(
+                stream.wrap(engine),
+                sandbox,
+                issue_text,
+                cache_config=cfg,
+                config=agent_cfg,
+                trajectory_path=trajectory,
+                meta={"sandbox": spec},
+                on_event=stream,
+            )
+    except EpisodeInterrupted as stop:
+        atomic_write_text(out_dir / "patch.diff", stop.result.patch)
+        console.print(f"interrupted after {stop.result.steps} steps; partial trajectory: {trajectory}, "
+                      f"patch so far: {out_dir / 'patch.diff'}")  # fmt: skip
+        raise
     atomic_write_text(out_dir / "patch.diff", result.patch)
     print(result.patch, end="" if result.patch.endswith("\n") or not result.patch else "\n")
     console.print(

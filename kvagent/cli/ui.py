@@ -1,13 +1,13 @@
-"""Terminal display shared by the commands: a one-line live status of an episode's cache, and
-progress bars for long benchmark runs."""
+"""Terminal display shared by the commands: an episode's cache status line, its live output (replies
+streamed as they are sampled, a status line per step), and progress bars for long benchmark runs."""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from rich.console import Console
-from rich.live import Live
 from rich.text import Text
 
 
@@ -31,35 +31,165 @@ def cache_status(stats: Any, budget: Any, buffer: int) -> str:
     )
 
 
-class EpisodeProgress:
-    """Callback for agent events that keeps one live status line (step, tokens, cache, evictions)."""
+def human_seconds(s: float) -> str:
+    s = max(0, round(s))
+    return (
+        f"{s}s"
+        if s < 60
+        else f"{s // 60}m{s % 60:02d}s"
+        if s < 3600
+        else f"{s // 3600}h{s % 3600 // 60:02d}m"
+    )
 
-    def __init__(self, console: Console, budget: Any, buffer: int, max_steps: int) -> None:
-        self.console = console
-        self.budget, self.buffer, self.max_steps = budget, buffer, max_steps
-        self.live = Live(Text("starting..."), console=console, refresh_per_second=4, transient=False)
-        self.last_tool = "-"
 
-    def __enter__(self) -> EpisodeProgress:
-        self.live.__enter__()
-        return self
+def trim_lines(text: str, shown: int) -> str:
+    """At most `shown` lines: the head and the tail, with a marker for what is cut in between."""
+    lines = text.split("\n")
+    if len(lines) <= shown:
+        return text
+    cut = len(lines) - shown
+    return "\n".join([*lines[: shown // 2], f"[... {cut} lines ...]", *lines[len(lines) - shown // 2 :]])
 
-    def __exit__(self, *exc: Any) -> None:
-        self.live.__exit__(*exc)
 
+class EpisodeStream:
+    """Live output of one episode at a time as plain scrolling lines (no Live region, so it survives
+    Ctrl-C and long replies): a header per step, the reply as it is sampled, one status line when the
+    reply ends (step i/N, tokens, cache entries / K+r, rounds, evicted, elapsed), then the observation.
+
+    Hook-up: `engine = stream.wrap(engine)` streams every session the engine opens (its CacheConfig
+    gives K and r), and `on_event=stream` adds tool-call errors, observations and the final status.
+    One episode at a time: with parallel episodes the lines would interleave."""
+
+    def __init__(self, console: Console, max_steps: int, *, observation_lines: int = 20) -> None:
+        self.console, self.max_steps, self.observation_lines = console, max_steps, observation_lines
+        self.budget: Any = None
+        self.buffer = 0
+        self.step = 0
+        self.started = time.perf_counter()
+        self._reply_started = self.started
+        self._decode: Any = None
+        self._unshown: list[int] = []
+        self._mid_line = False
+
+    def wrap(self, engine: Any) -> Any:
+        return _StreamingEngine(engine, self)
+
+    def announce(self, title: str) -> None:
+        """A heading before an episode (eval: the run id), so the steps that follow have an owner."""
+        self._line("")
+        self.console.rule(Text(title, style="bold"), align="left", style="bold")
+
+    def around_runs(self, on_update: Any, summary: Any = None) -> Any:
+        """An eval runner's `on_update(event, run, record)` for one run at a time: `on_update` as
+        before, a heading per run as it starts, and `summary()` (e.g. the table) after each that ran."""
+
+        def update(event: str, run: Any, record: Any) -> None:
+            on_update(event, run, record)
+            if event == "start":
+                self.announce(run.run_id)
+            elif event == "done" and summary is not None and not (record or {}).get("derived_from"):
+                self._line("")
+                self.console.print(summary())
+
+        return update
+
+    # ------------------------------------------------------------- from the session (one per episode)
+    def opened(self, config: Any, tokenizer: Any) -> None:
+        evicts = getattr(config, "evicts", getattr(config, "budget", None) is not None)
+        self.budget = getattr(config, "budget", None) if evicts else None
+        self.buffer = getattr(config, "buffer", 0)
+        self.step, self.started = 0, time.perf_counter()
+        self._decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def fed(self, n_tokens: int, stats: Any, first: bool) -> None:
+        if first:
+            self._line(f"prompt {n_tokens:,} tokens | {self._status(stats)}", "dim cyan")
+
+    def reply_started(self) -> None:
+        self.step += 1
+        self._reply_started = time.perf_counter()
+        self._unshown = []
+        self.console.rule(f"step {self.step}/{self.max_steps}", align="left", style="cyan")
+
+    def token(self, token: int) -> None:
+        self._unshown.append(int(token))
+        piece = self._decode(self._unshown)
+        if not piece.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+            self._text(piece)
+            self._unshown = []
+
+    def reply_done(self, n_tokens: int, finish_reason: str, stats: Any) -> None:
+        if self._unshown:
+            self._text(self._decode(self._unshown))
+        took = time.perf_counter() - self._reply_started
+        tail = "" if finish_reason in ("stop", "eos") else f" ({finish_reason})"
+        self._line(f"step {self.step}/{self.max_steps} | {self._status(stats)} | "
+                   f"reply {n_tokens:,} tokens in {took:.1f}s{tail}", "cyan")  # fmt: skip
+
+    # ------------------------------------------------------------- agent events
     def __call__(self, event: Any) -> None:
         turn = getattr(event, "turn", None)
-        if turn is not None and getattr(turn, "call", None):
-            self.last_tool = turn.call["name"]
-        elif turn is not None and getattr(turn, "call_error", None):
-            self.last_tool = "(no valid call)"
-        line = (
-            f"step {event.step}/{self.max_steps} | "
-            f"{cache_status(event.stats, self.budget, self.buffer)} | last {self.last_tool}"
-        )
-        if event.kind == "end":
-            line += f" | {event.exit_status}"
-        self.live.update(Text(line))
+        if event.kind == "reply" and turn is not None and turn.call_error:
+            self._line(f"(no valid call: {turn.call_error})", "yellow")
+        elif event.kind == "observation" and turn is not None:
+            self._line(trim_lines(turn.observation or "", self.observation_lines), "dim")
+        elif event.kind == "end":
+            self._line(
+                f"end: {event.exit_status} after {event.step} steps | {self._status(event.stats)}", "bold"
+            )
+
+    def _status(self, stats: Any) -> str:
+        return f"{cache_status(stats, self.budget, self.buffer)} | elapsed {human_seconds(time.perf_counter() - self.started)}"
+
+    def _text(self, text: str) -> None:
+        self.console.print(Text(text), end="", soft_wrap=True)
+        self._mid_line = not text.endswith("\n")
+
+    def _line(self, text: str, style: str = "") -> None:
+        if self._mid_line:  # a reply cut short (Ctrl-C, an error) left its line open
+            self.console.print()
+        self._mid_line = False
+        self.console.print(Text(text, style=style), soft_wrap=True)
+
+
+class _StreamingEngine:
+    """An engine whose sessions report to an EpisodeStream; everything else is the wrapped engine."""
+
+    def __init__(self, engine: Any, stream: EpisodeStream) -> None:
+        self._engine, self._stream = engine, stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def session(self, config: Any) -> Any:
+        self._stream.opened(config, self._engine.tokenizer)
+        return _StreamingSession(self._engine.session(config), self._stream)
+
+
+class _StreamingSession:
+    def __init__(self, session: Any, stream: EpisodeStream) -> None:
+        self._session, self._stream = session, stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    def append(self, ids: Any) -> Any:
+        first = self._session.logical_length == 0
+        out = self._session.append(ids)
+        self._stream.fed(len(ids), self._session.stats, first)
+        return out
+
+    def generate(self, max_new_tokens: int, *args: Any, on_token: Any = None, **kwargs: Any) -> Any:
+        stream = self._stream
+
+        def token(t: int) -> Any:
+            stream.token(t)
+            return on_token(t) if on_token is not None else None
+
+        stream.reply_started()
+        g = self._session.generate(max_new_tokens, *args, on_token=token, **kwargs)
+        stream.reply_done(len(g.ids), g.finish_reason, self._session.stats)
+        return g
 
 
 class _Bar:
