@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kvagent.bench import replay as rp
@@ -97,27 +99,17 @@ def summarise(spec: RunSpec, stream: Stream, model: str, res: rp.ReplayResult, r
     }
 
 
-def run_fidelity(
-    engine,
-    streams: Sequence[Stream],
-    grid: Sequence[RunSpec],
-    out_dir: str | Path,
-    model_name: str,
-    progress=None,
-    plot: bool = True,
-) -> list[dict]:
-    """Run every (stream, spec) not already in `out_dir/fidelity.json`; rewrite the json after
-    each run (atomically, so a crash keeps finished runs), then the table and the plot. `progress`:
-    a `kvagent.bench.progress` target (default: nothing shown)."""
-    progress = progress or NoProgress()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    records = load_records(out)
+Grid = Sequence[RunSpec] | Callable[[Stream], Sequence[RunSpec]]
+
+
+def pending_runs(engine, streams: Sequence[Stream], grid: Grid, records: list[dict], model_name: str):
+    """(todo, skipped): the (stream, spec) pairs without a record yet, and why others cannot run.
+    `grid`: the specs, or a function of the stream (per-episode budgets, as `bench study` has)."""
     done = {record_key(r) for r in records}
-    skipped = []
-    todo: list[tuple[Stream, RunSpec]] = []
-    for stream in streams:
-        for s in grid:
+    skipped: list[str] = []
+    todo: list[tuple[int, int, Stream, RunSpec]] = []
+    for si, stream in enumerate(streams):
+        for gi, s in enumerate(grid(stream) if callable(grid) else grid):
             why = check_setting(engine, s, stream)
             if why:
                 skipped.append(f"{stream.name} {s.label}: {why}")
@@ -126,26 +118,81 @@ def run_fidelity(
                 {**s.record(), "episode": stream.name, "digest": stream.digest(), "model": model_name}
             )
             if key not in done:
-                todo.append((stream, s))
-    refs: dict[str, rp.ReplayResult] = {}
+                todo.append((gi, si, stream, s))
+    # Setting by setting, each over every episode: a run cut short leaves whole comparisons.
+    todo.sort(key=lambda t: (t[0], t[1]))
+    return list(dict.fromkeys((st, s) for _, _, st, s in todo)), skipped
+
+
+def run_fidelity(
+    engine,
+    streams: Sequence[Stream],
+    grid: Grid,
+    out_dir: str | Path,
+    model_name: str,
+    progress=None,
+    plot: bool = True,
+    annotate: Callable[[Stream, rp.ReplayResult], dict] | None = None,
+    workers: int = 1,
+    refs: dict[str, rp.ReplayResult] | None = None,
+) -> list[dict]:
+    """Run every (stream, spec) not already in `out_dir/fidelity.json`; rewrite the json after
+    each run (atomically, so a crash keeps finished runs), then the table and the plot. `progress`:
+    a `kvagent.bench.progress` target (default: nothing shown). `annotate(stream, result)`: extra
+    fields for each record. `workers > 1`: that many policy runs at once, one thread each (on an
+    engine loaded with `max_batch` > 1 their forwards are batched together). `refs`: full-cache
+    runs by stream digest, used and filled (a caller that already ran one passes it on)."""
+    progress = progress or NoProgress()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    records = load_records(out)
+    todo, skipped = pending_runs(engine, streams, grid, records, model_name)
     per_run = {st.name: len(st.ids) + (len(st.probe.question) if st.probe else 0) for st in streams}
     total = progress.task("settings", len(todo))
-    for stream, s in todo:
-        need_ref = stream.digest() not in refs
-        tokens = per_run[stream.name] * (2 if need_ref and s.policy != "full" else 1)
-        bar = progress.task(f"{stream.name} {s.label}", tokens)
-        if need_ref:
-            refs[stream.digest()] = rp.reference_run(engine, stream, progress=bar.advance)
+    lock = threading.Lock()
+    # References first (one per episode, kept: top-k rows of scored tokens only), then the policy
+    # runs, which only read them and so can run side by side.
+    refs = {} if refs is None else refs
+    for stream in [st for st in dict.fromkeys(st for st, _ in todo) if st.digest() not in refs]:
+        bar = progress.task(f"{stream.name} reference", per_run[stream.name])
+        refs[stream.digest()] = rp.reference_run(engine, stream, progress=bar.advance)
+        bar.done()
+
+    def run_one(item: tuple[Stream, RunSpec]) -> None:
+        stream, s = item
+        bar = progress.task(f"{stream.name} {s.label}", per_run[stream.name])
         ref = refs[stream.digest()]
         if s.policy == "full":
             res = ref
         else:
-            res = rp.policy_run(engine, stream, s.cache_config(), ref.reference, progress=bar.advance)
+            # A batched engine's session with a token budget holds a pool slot, which cannot be
+            # branched (deep-copied) for the probe's greedy continuation: such runs skip the probe.
+            probe = getattr(engine, "scheduler", None) is None or not isinstance(s.budget, int)
+            res = rp.policy_run(
+                engine, stream, s.cache_config(), ref.reference, progress=bar.advance, probe=probe
+            )
         ref_lp = statistics.fmean(ref.logp_true) if ref.logp_true else float("nan")
-        records.append(summarise(s, stream, model_name, res, ref_lp))
-        atomic_write_json(out / RESULTS, {"records": records, "skipped": skipped})
-        bar.done()
-        total.advance(1)
+        rec = summarise(s, stream, model_name, res, ref_lp)
+        if annotate:
+            rec.update(annotate(stream, res))
+        with lock:
+            records.append(rec)
+            atomic_write_json(out / RESULTS, {"records": records, "skipped": skipped})
+            bar.done()
+            total.advance(1)
+
+    if workers > 1 and len(todo) > 1:
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fidelity")
+        try:
+            for f in [pool.submit(run_one, item) for item in todo]:
+                f.result()  # the first failure is raised; finished runs are already saved
+        except BaseException:  # also Ctrl-C: queued runs are dropped, running ones end and are saved
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown()
+    else:
+        for item in todo:
+            run_one(item)
     atomic_write_json(out / RESULTS, {"records": records, "skipped": skipped})
     wanted = {(st.name, st.digest()) for st in streams}
     current = [r for r in records if (r["episode"], r["digest"]) in wanted and r["model"] == model_name]

@@ -81,3 +81,94 @@ def run_speed_bench(
     print((outp / "speed.md").read_text(encoding="utf-8"))
     print(f"wrote {outp / 'speed.json'}, speed.md, speed.png")
     return result
+
+
+def run_study_bench(
+    *, model, policies, modes, budgets, seeds, ablation_budget, ablation_protect, ablation_policies, episodes,
+    out, buffer, window, bucket, policy_arg, max_tokens, clip_chars, workers, estimate_only, report_only, quiet,
+    device="auto", dtype="auto",
+) -> dict | None:  # fmt: skip
+    """Plan the study, print its estimated time, run (or resume) it, and write study.md / .json / PNGs."""
+    import shlex
+
+    from kvagent.bench.fidelity import load_records
+    from kvagent.bench.sources import load_episodes
+    from kvagent.bench.stream import build_stream
+    from kvagent.bench.study import StudyPlan, clip_messages, estimate, run_study
+    from kvagent.bench.study_analysis import analyse
+    from kvagent.bench.study_plots import plot_study
+    from kvagent.bench.study_report import write_report
+    from kvagent.cli.common import parse_seeds
+    from kvagent.cli.ui import Bars
+    from kvagent.options import parse_budget
+    from kvagent.runtime.policies import available
+
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"max-tokens: must be >= 1, got {max_tokens}")
+    if workers < 1:
+        raise ConfigError(f"workers: must be >= 1, got {workers}")
+    names = list(available()) if policies == "all" else split_list(policies, "policies")
+    plan = StudyPlan(
+        policies=tuple(names),
+        modes=tuple(split_list(modes, "modes")),
+        fractions=tuple(float(b) for b in parse_budgets(budgets)),
+        seeds=tuple(parse_seeds(seeds)),
+        ablation_fraction=float(parse_budget(ablation_budget, "ablation-budget") or 0),
+        ablation_protects=tuple(split_list(ablation_protect, "ablation-protect")),
+        ablation_policies=None if ablation_policies == "all" else tuple(split_list(ablation_policies, "ablation-policies")),
+        buffer=buffer,
+        window=window,
+        bucket=bucket,
+        policy_args=parse_policy_args(policy_arg, names),
+    )  # fmt: skip
+    from kvagent.bench.study import template_grid
+
+    template_grid(plan)  # names, modes, protects and policy options fail here, before the model loads
+    outp = Path(out)
+    # The command that reproduces these tables, from the values used (not argv: defaults included).
+    opts = [("model", model), ("policies", policies), ("modes", modes), ("budgets", budgets), ("seeds", seeds),
+            ("ablation-budget", ablation_budget), ("ablation-protect", ablation_protect),
+            ("ablation-policies", ablation_policies), *[("episodes", e) for e in episodes],
+            ("max-tokens", max_tokens), ("clip-chars", clip_chars), ("buffer", buffer), ("window", window), ("bucket", bucket),
+            *[("policy-arg", a) for a in policy_arg or []], ("out", out)]  # fmt: skip
+    command = "kvagent bench study " + " ".join(
+        f"--{k} {shlex.quote(str(v))}" for k, v in opts if v is not None
+    )
+    if not report_only:
+        eps = load_episodes(list(episodes), open_env=local_sandbox)
+        if clip_chars:
+            eps = [clip_messages(e, clip_chars) for e in eps]
+        engine = load_engine(model, device=device, dtype=dtype, max_batch=workers)
+        streams = [build_stream(e, engine.tokenizer, max_tokens=max_tokens) for e in eps]
+        refs: dict = {}
+        print(f"study: timing one full-cache replay of {streams[0].name} ...", flush=True)
+        est = estimate(engine, streams, plan, outp, model, refs)
+        print(
+            f"study: {len(streams)} episodes, {est.runs} runs ({est.done} done, {est.skipped} settings skipped), "
+            f"~{est.tokens:,} tokens to replay at {est.seconds_per_token * 1000:.1f} ms/token: estimated "
+            f"{est.seconds / 3600:.1f} h ({est.seconds / 60:.0f} min)",
+            flush=True,
+        )
+        if estimate_only:
+            return None
+        try:
+            with Bars(enabled=not quiet) as bars:
+                records = run_study(
+                    engine, streams, plan, outp, model, progress=bars, workers=workers, refs=refs
+                )
+        finally:
+            engine.close()
+        wanted = {s.name for s in streams}
+        records = [r for r in records if r["episode"] in wanted]
+    else:
+        records = [r for r in load_records(outp) if r.get("model") == model]
+        if not records:
+            raise ConfigError(
+                f"report-only: no results of model {model} in {outp / 'fidelity.json'}; run the study first"
+            )
+    result = analyse(records, plan)
+    plots = [p.name for p in plot_study(result, outp)]
+    path = write_report(result, outp, command=command, plots=plots)
+    print(path.read_text(encoding="utf-8"))
+    print(f"wrote {path}, study.json, {', '.join(plots)} (raw runs: {outp / 'fidelity.json'})")
+    return result
