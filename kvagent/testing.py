@@ -55,6 +55,7 @@ class ScriptedSession:
         self.appends: list[int] = []
         self.after_token: Callable[[int], None] | None = None
         self.handed = 0
+        self.forgotten: list[list[int]] = []  # the positions of each forget() call
 
     @property
     def logical_length(self) -> int:
@@ -104,6 +105,13 @@ class ScriptedSession:
                 reason = "interrupted"
                 break
         return Generated(out, self.tokenizer.decode(out), reason)
+
+    def forget(self, positions: Sequence[int]) -> int:
+        """Records the call (`forgotten`); like persistent mode, positions and history stay."""
+        drop = sorted(set(int(p) for p in positions))
+        assert all(0 <= p < len(self.history) for p in drop), "forget of a position not fed"
+        self.forgotten.append(drop)
+        return len(drop)
 
 
 class ScriptedEngine:

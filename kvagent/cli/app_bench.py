@@ -1,0 +1,162 @@
+"""`kvagent bench fidelity|study|speed`: declarations of the benchmark commands (bodies: bench.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kvagent.cli.params import (
+    BENCH_MODEL,
+    Budgets,
+    Buffer,
+    Device,
+    Dtype,
+    Model,
+    Modes,
+    Policies,
+    PolicyArg,
+    Quiet,
+    Window,
+    user_errors,
+)
+
+bench_app = typer.Typer(help="Fidelity and speed benchmarks of eviction policies.", no_args_is_help=True)
+
+
+@bench_app.command("fidelity")
+@user_errors
+def bench_fidelity(
+    model: Model = BENCH_MODEL,
+    policies: Policies = "random,snapkv,h2o,streaming,pyramidkv,nexus",
+    modes: Modes = "persistent,reprefill",
+    budgets: Budgets = "1536,2048",
+    scopes: Annotated[str, typer.Option(help="Comma list: prefill, prefill+decode.")] = "prefill+decode",
+    protect: Annotated[str, typer.Option(help="Comma list: prompt, sink, none.")] = "prompt",
+    episodes: Annotated[
+        list[str],
+        typer.Option(
+            help="Episode source (repeatable): gen[:seed=N,turns=T,repo=DIR], "
+            "FILE.jsonl[:first=N,ids=a|b,max_chars=C], FILE.traj.json, or a directory of *.traj.json."
+        ),
+    ] = ["gen:seed=0,turns=16"],  # noqa: B006
+    out: Annotated[
+        str, typer.Option(help="Directory for fidelity.json / .md / .png (resumable).")
+    ] = "bench-out",
+    buffer: Buffer = 128,
+    window: Window = 16,
+    seed: Annotated[int, typer.Option(help="Session seed (random draws of the policies).")] = 0,
+    policy_arg: PolicyArg = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(help="Cut each episode to at most this many tokens (whole turns).")
+    ] = None,
+    quiet: Quiet = False,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+) -> None:
+    """Replay agent episodes under each policy and compare with the full cache."""
+    from kvagent.cli.bench import run_fidelity_bench
+
+    run_fidelity_bench(
+        model=model, policies=policies, modes=modes, budgets=budgets, scopes=scopes, protect=protect,
+        episodes=episodes, out=out, buffer=buffer, window=window, seed=seed, policy_arg=policy_arg,
+        max_tokens=max_tokens, quiet=quiet, device=device, dtype=dtype,
+    )  # fmt: skip
+
+
+@bench_app.command("study")
+@user_errors
+def bench_study(
+    model: Model = BENCH_MODEL,
+    policies: Annotated[
+        str, typer.Option(help="Comma list of policies, or `all` (every registered one).")
+    ] = "all",
+    modes: Modes = "persistent,reprefill",
+    budgets: Annotated[
+        str, typer.Option(help="Comma list of fractions of each episode's tokens (a fixed K per episode).")
+    ] = "0.1,0.2,0.4",
+    seeds: Annotated[str, typer.Option(help="Seeds of the random-draw policies (random, nexus).")] = "0,1,2",
+    ablation_budget: Annotated[
+        str, typer.Option(help="The protection ablation's budget (a fraction).")
+    ] = "0.2",
+    ablation_protect: Annotated[
+        str, typer.Option(help="Comma list: none, sink, prompt.")
+    ] = "none,sink,prompt",
+    ablation_policies: Annotated[str, typer.Option(help="Policies of the ablation, or `all`.")] = "all",
+    episodes: Annotated[
+        list[str],
+        typer.Option(
+            help="Episode source (repeatable), as for `bench fidelity`: FILE.jsonl[:first=N,ids=a|b], ..."
+        ),
+    ] = ["../shared/data/trajectories_dev.jsonl"],  # noqa: B006
+    out: Annotated[
+        str, typer.Option(help="Directory for fidelity.json (resumable), study.md / .json and PNGs.")
+    ] = "study-out",
+    buffer: Buffer = 128,
+    window: Window = 16,
+    bucket: Annotated[int, typer.Option(help="Tokens per position bucket (margin vs context length).")] = 512,
+    policy_arg: PolicyArg = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(help="Cut each episode to at most this many tokens (whole turns).")
+    ] = 4096,
+    clip_chars: Annotated[
+        int | None, typer.Option(help="Cut each message longer than this to its head and tail (chars).")
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(help="Runs at once, forwards batched (max_batch); > 1 skips the fact probe.")
+    ] = 1,
+    estimate_only: Annotated[
+        bool, typer.Option("--estimate-only", help="Print the estimate and stop.")
+    ] = False,
+    report_only: Annotated[
+        bool, typer.Option("--report-only", help="Rebuild the report from --out's results; run nothing.")
+    ] = False,
+    quiet: Quiet = False,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+) -> None:
+    """The study: every policy x mode x budget x seed on real trajectories, with CIs, paired tests and
+    a verdict on each seed paper's claim (see docs/study.md)."""
+    from kvagent.cli.bench import run_study_bench
+
+    run_study_bench(
+        model=model, policies=policies, modes=modes, budgets=budgets, seeds=seeds,
+        ablation_budget=ablation_budget, ablation_protect=ablation_protect,
+        ablation_policies=ablation_policies, episodes=episodes, out=out, buffer=buffer, window=window,
+        bucket=bucket, policy_arg=policy_arg, max_tokens=max_tokens, clip_chars=clip_chars, workers=workers,
+        estimate_only=estimate_only, report_only=report_only, quiet=quiet, device=device, dtype=dtype,
+    )  # fmt: skip
+
+
+@bench_app.command("speed")
+@user_errors
+def bench_speed(
+    model: Model = BENCH_MODEL,
+    policies: Policies = "full,random,streaming,snapkv,h2o,pyramidkv,nexus",
+    lengths: Annotated[
+        str, typer.Option(help="Comma list of logical lengths for decode latency.")
+    ] = "1024,4096,8192",
+    budget: Annotated[
+        int, typer.Option(help="K for the evicting policies (a multiple of their block).")
+    ] = 1024,
+    buffer: Buffer = 128,
+    policy_arg: PolicyArg = None,
+    steps: Annotated[
+        int, typer.Option(help="Decode steps timed at each length (>= r, so rounds are included).")
+    ] = 256,
+    episode: Annotated[
+        str, typer.Option(help="Episode spec for persistent vs reprefill cost.")
+    ] = "gen:seed=0,turns=32",
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    out: Annotated[str, typer.Option(help="Directory for speed.json / .md / .png.")] = "bench-out",
+    quiet: Quiet = False,
+) -> None:
+    """Decode latency, eviction-round cost and KV memory per policy."""
+    from kvagent.cli.bench import run_speed_bench
+
+    run_speed_bench(
+        model=model, policies=policies, lengths=lengths, budget=budget, buffer=buffer,
+        policy_arg=policy_arg, steps=steps, episode=episode, device=device, dtype=dtype, out=out,
+        quiet=quiet,
+    )  # fmt: skip

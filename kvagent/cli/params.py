@@ -1,0 +1,119 @@
+"""The options every command shares (model, cache, agent and sweep options, one `--policy-arg`
+syntax), declared once as typer types, and the one-line error handling of every command."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Annotated, Any
+
+import typer
+
+AGENT_MODEL = "agentica-org/DeepSWE-Preview"  # solve, chat, eval
+BENCH_MODEL = "smollm2"  # demo, bench: the bundled small model
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one line to stderr and exit non-zero."""
+    typer.echo(f"kvagent: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn KvagentError (bad input, missing resource) into a one-line error and exit 2."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from kvagent.errors import KvagentError
+
+        try:
+            return fn(*args, **kwargs)
+        except KvagentError as e:
+            fail(str(e))
+        except KeyboardInterrupt:
+            typer.echo("kvagent: interrupted", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+# ----------------------------------------------------------------------------- the shared options
+# model
+Model = Annotated[str, typer.Option(help="smollm2 (bundled), tiny-random-qwen3, a hub id, a dir or .gguf.")]
+Device = Annotated[str, typer.Option(help="auto | cpu | cuda[:N].")]
+Dtype = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")]
+# cache, one run
+Policy = Annotated[
+    str, typer.Option(help="Eviction policy: full, random, snapkv, nexus, ... (a wrong name lists them all).")
+]
+Budget = Annotated[
+    str | None, typer.Option(help="K entries per head kept (int) or a fraction of the context (0.2).")
+]
+Mode = Annotated[str, typer.Option(help="persistent | reprefill.")]
+Scope = Annotated[str, typer.Option(help="prefill | prefill+decode.")]
+Protect = Annotated[str, typer.Option(help="prompt | sink | none.")]
+HeadBudget = Annotated[
+    str, typer.Option(help="uniform (K per head) | adaptive (Ada-KV: a layer's K x H_kv split by score).")
+]
+Seed = Annotated[int, typer.Option(help="Seeds eviction draws and sampling.")]
+# cache, every command
+Buffer = Annotated[int, typer.Option(help="r: a round fires at K + r entries.")]
+Window = Annotated[int, typer.Option(help="W: recent queries used for scoring.")]
+PolicyArg = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--policy-arg",
+        help="Policy option [POLICY.]KEY=VALUE (repeatable): lam=0.5 with one policy, nexus.lam=0.5 with several.",
+    ),
+]
+# sweeps
+Policies = Annotated[str, typer.Option(help="Comma list of policies.")]
+Modes = Annotated[str, typer.Option(help="Comma list: persistent, reprefill.")]
+Budgets = Annotated[str, typer.Option(help="Comma list of budgets (tokens, or fractions in (0,1)).")]
+Quiet = Annotated[bool, typer.Option("--quiet", help="No progress bars.")]
+# agent
+MaxSteps = Annotated[int, typer.Option(help="Hard limit on model calls (per request in chat).")]
+MaxNewTokens = Annotated[
+    int | None, typer.Option(help="Tokens per reply (default 8192; no cap under --scaffold r2egym).")
+]
+ContextLimit = Annotated[int, typer.Option(help="Logical tokens; the episode ends cleanly there.")]
+Temperature = Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")]
+PromptStyle = Annotated[
+    str, typer.Option(help="Instance prompt: repo_first (eval) or issue_first (training).")
+]
+Prompts = Annotated[
+    str | None,
+    typer.Option(help="YAML: system_prompt, instance_prompt ({problem_statement}); e.g. R2E-Gym's."),
+]
+Scaffold = Annotated[
+    str, typer.Option(help="Protocol: kvagent, or r2egym (R2E-Gym's evaluation; docs/deepswe.md).")
+]
+History = Annotated[
+    str, typer.Option(help="keep-thinking, or drop-thinking (past replies' <think> leave the cache).")
+]
+Split = Annotated[str, typer.Option(help="Dataset split (HF names, folders).")]
+Instances = Annotated[
+    str | None, typer.Option(help="Selection: ids a,b | slice 0:10 | re:REGEX | repo:owner/name.")
+]
+
+
+def cache_args(
+    policy, budget, buffer, mode, scope, protect, window, seed, policy_arg, head_budget="uniform"
+) -> dict[str, Any]:
+    return dict(
+        policy=policy, budget=budget, buffer=buffer, mode=mode, scope=scope, protect=protect,
+        window=window, seed=seed, policy_arg=policy_arg, head_budget=head_budget,
+    )  # fmt: skip
+
+
+def agent_args(
+    max_steps, max_new_tokens, context_limit, temperature, prompt_style, seed,
+    prompts=None, scaffold="kvagent", history="keep-thinking",
+) -> dict[str, Any]:  # fmt: skip
+    if max_new_tokens is None:  # R2E-Gym sets no per-reply cap: a reply may fill the context
+        max_new_tokens = None if scaffold == "r2egym" else 8192
+    return dict(
+        max_steps=max_steps, max_new_tokens=max_new_tokens, context_limit=context_limit,
+        temperature=temperature, prompt_style=prompt_style, seed=seed,
+        prompts=prompts, scaffold=scaffold, history=history,
+    )  # fmt: skip
