@@ -36,6 +36,7 @@ class Scheduler:
         self._in_call: dict[int, int] = {}  # id(session) -> call depth
         self._left_at: dict[int, float] = {}  # id(session) -> when it last left a call
         self._last_forward_s = 0.0
+        self._last_forward_end = 0.0
         self._thread: threading.Thread | None = None
         self._closed = False
         self.forwards = 0  # packed forwards run
@@ -89,7 +90,10 @@ class Scheduler:
             if self._closed and not self._pending:
                 return None
             window = max(self.max_wait_s, 0.1 * self._last_forward_s)
-            deadline = self._pending[0][0] + window
+            # From the later of the oldest post and the last forward's end: a chunk posted while the
+            # previous forward ran must still wait for the sessions that forward just served, or
+            # two sessions fall into taking turns (each forward alone) and never batch again.
+            deadline = max(self._pending[0][0], self._last_forward_end) + window
             while len(self._pending) < min(self.max_batch, self._expected(window)):
                 left = deadline - time.perf_counter()
                 if left <= 0:
@@ -120,7 +124,8 @@ class Scheduler:
             try:
                 cache = run_packed(self.engine, chunks)
                 self.widest_run = max(self.widest_run, cache.widest_run)
-                self._last_forward_s = time.perf_counter() - t0
+                self._last_forward_end = time.perf_counter()
+                self._last_forward_s = self._last_forward_end - t0
             except BaseException as e:  # handed to every caller of this forward
                 for c in chunks:
                     c.error = e
