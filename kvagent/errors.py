@@ -7,3 +7,8 @@ class KvagentError(Exception):
 
 class ConfigError(KvagentError, ValueError):
     """A bad configuration value (names the field and the fix)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """A stop signal (SIGTERM, SIGHUP) raised as KeyboardInterrupt, so every `with` closes its
+    sandbox; unlike Ctrl-C, which the chat takes as "stop this reply", it always ends the run."""

@@ -20,6 +20,7 @@ from typing import Any
 from kvagent.agent.loop import INTERRUPTED, Agent
 from kvagent.agent.observation import FINISHED
 from kvagent.agent.parser import ToolCall
+from kvagent.errors import Terminated
 
 DECLINED = (
     "The user declined to run this call; it did not run. Do not repeat it unchanged: take a different "
@@ -74,6 +75,8 @@ class ChatAgent(Agent):
             status = self.start(request) if not self.messages else self.follow_up(self._with_notes(request))
             if status is None:
                 status = self.loop()
+        except Terminated:  # SIGTERM / SIGHUP: the whole chat ends, not just this request
+            raise
         except KeyboardInterrupt:  # raised only by the caller's approval prompt or tool guard
             status = INTERRUPTED
             turn = self.turns[-1] if self.turns else None

@@ -26,7 +26,7 @@ from kvagent.agent.loop import INTERRUPTED, AgentEvent, Turn
 from kvagent.agent.parser import ToolCall
 from kvagent.agent.tools import FINISH_TOOL
 from kvagent.cli.ui import cache_status, trim_lines
-from kvagent.errors import ConfigError, KvagentError
+from kvagent.errors import ConfigError, KvagentError, Terminated
 
 APPROVALS = ("confirm", "yolo")
 SHOWN_LINES = 20  # observation lines echoed to the terminal (the model gets the full text)
@@ -122,6 +122,8 @@ class ChatSession:
             except EOFError:
                 self.console.print()
                 break
+            except Terminated:  # SIGTERM / SIGHUP end the chat (Ctrl-C only prints the hint below)
+                raise
             except KeyboardInterrupt:  # at the prompt: nothing runs, so just say how to leave
                 self.console.print(Text("\n(type /quit to leave)", style="dim"))
                 continue
@@ -299,6 +301,8 @@ class ChatSession:
             if key == "y":
                 self._show_diff(patch)
             path = self.read_line("save the patch to (Enter = don't save): ").strip()
+        except Terminated:
+            raise
         except (EOFError, KeyboardInterrupt):
             self.console.print()
             return

@@ -7,11 +7,13 @@ from __future__ import annotations
 import signal
 import threading
 
+from kvagent.errors import Terminated
+
 STOPS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _interrupt(signum: int, _frame) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    raise Terminated(signal.Signals(signum).name)
 
 
 def install() -> None:

@@ -205,3 +205,37 @@ def test_eof_and_ctrl_c_at_the_prompt(scripted, fake_env, tokenizer):
 def test_bad_approval_mode(scripted, fake_env, tokenizer):
     with pytest.raises(ConfigError, match="approval: got 'ask'; choose one of confirm, yolo"):
         make_chat(scripted([]), fake_env, tokenizer, approval="ask")
+
+
+def test_sigterm_at_the_prompt_ends_the_chat(scripted, fake_env, tokenizer):
+    """SIGTERM / SIGHUP (cli/signals.py raises Terminated) end the chat, so `kill` works on an idle
+    chat and its sandbox is closed; Ctrl-C at the prompt only prints a hint (test above)."""
+    from kvagent.errors import Terminated
+
+    chat, out = make_chat(scripted([]), fake_env, tokenizer, lines=[Terminated, "/quit"])
+    with pytest.raises(Terminated):
+        chat.run()
+    assert "type /quit to leave" not in out.getvalue()
+
+
+def test_sigterm_during_a_tool_call_ends_the_chat_not_just_the_request(scripted, fake_env, tokenizer):
+    from kvagent.errors import Terminated
+
+    def killed(name, params, timeout=90):
+        raise Terminated("SIGTERM")
+
+    fake_env.run_tool = killed
+    chat, _ = make_chat(
+        scripted([call("execute_bash", cmd="sleep 100")]), fake_env, tokenizer, approval="yolo"
+    )
+    with pytest.raises(Terminated):
+        chat.ask("run the slow thing")
+
+
+def test_the_stop_signals_raise_terminated(monkeypatch):
+    from kvagent.cli import signals
+    from kvagent.errors import Terminated
+
+    with pytest.raises(Terminated, match="SIGTERM"):
+        signals._interrupt(signal.SIGTERM, None)
+    assert issubclass(Terminated, KeyboardInterrupt)  # `with` blocks and the CLI treat it as Ctrl-C
