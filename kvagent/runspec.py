@@ -2,8 +2,8 @@
 
 `kvagent eval` plans one per instance, `kvagent bench fidelity` one per episode, the report groups
 finished runs by them, and file names, tables and progress lines all show `spec.label`:
-`nexus__persistent__K1024`, `full__persistent__dense`, with `__prefill` / `__protect-sink` where
-scope or protect differ from their defaults."""
+`nexus__persistent__K1024`, `full__persistent__dense`, with `__prefill` / `__protect-sink` /
+`__heads-adaptive` where scope, protect or the head budget differ from their defaults."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ class RunSpec:
     buffer: int = 128
     window: int = 16
     seed: int = 0
+    head_budget: str = "uniform"  # Ada-KV: "adaptive" gives heads different counts
     # The policy's options; part of what a run is, not of its label (nor of its hash).
     policy_args: dict[str, Any] = field(default_factory=dict, hash=False)
 
@@ -48,17 +49,27 @@ class RunSpec:
             buffer=config.buffer,
             window=config.window,
             seed=config.seed,
+            head_budget=config.head_budget,
             policy_args=dict(config.policy_args),
         )
 
     @property
     def label(self) -> str:
         parts = [self.policy, self.mode, budget_label(self.budget)]
+        return "__".join([*parts, *self.variant])
+
+    @property
+    def variant(self) -> list[str]:
+        """What sets this run apart beyond policy, mode and budget (non-default scope, protect, head
+        budget), as label parts."""
+        parts = []
         if self.scope != DEFAULT_SCOPE:
             parts.append(self.scope)
         if self.protect != DEFAULT_PROTECT:
             parts.append(f"protect-{self.protect}")
-        return "__".join(parts)
+        if self.head_budget != "uniform":
+            parts.append(f"heads-{self.head_budget}")
+        return parts
 
     @property
     def canonical(self) -> RunSpec:
@@ -78,6 +89,7 @@ class RunSpec:
             mode=self.mode,
             window=self.window,
             seed=self.seed,
+            head_budget=self.head_budget,
             policy_args=dict(self.policy_args),
             **options,
         )
@@ -106,7 +118,7 @@ def sweep(
     **fixed: Any,
 ) -> list[RunSpec]:
     """Every (seed, policy, mode, scope, budget, protect), `full` with no budget; each spec once and
-    checked, so a bad value fails before any run starts. `fixed`: buffer, window."""
+    checked, so a bad value fails before any run starts. `fixed`: buffer, window, head_budget."""
     from kvagent.errors import ConfigError
     from kvagent.runtime.policies import make_policy
 
@@ -115,8 +127,12 @@ def sweep(
     specs: list[RunSpec] = []
     for seed, policy, mode, scope in itertools.product(seeds, policies, modes, scopes):
         for budget, protect in itertools.product([None] if policy == "full" else evicting, protects):
+            # A dense run has no heads to budget: one `full` run serves every head-budget setting.
+            own = (
+                {**fixed, "head_budget": "uniform"} if policy == "full" and "head_budget" in fixed else fixed
+            )
             spec = RunSpec(policy, mode, scope, protect, budget, seed=seed, policy_args=dict(args.get(policy, {})),
-                           **fixed)  # fmt: skip
+                           **own)  # fmt: skip
             try:
                 spec.cache_config()
             except ConfigError as e:

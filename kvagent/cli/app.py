@@ -205,6 +205,7 @@ def eval_(
     scope: Scope = "prefill+decode",
     protect: Protect = "prompt",
     window: Window = 16,
+    head_budget: HeadBudget = "uniform",
     policy_arg: PolicyArg = None,
     env: Annotated[
         str, typer.Option(help="docker (instance images) or local (--repos checkouts).")
@@ -279,7 +280,8 @@ def eval_(
         budgets=budgets, seeds=seeds, model=model, policy_arg=policy_arg, env=env, repos=repos,
         grade=grade, out=out, device=device, dtype=dtype, grid=dict(ctx.params),
         concurrency=concurrency if workers is None else workers,
-        cache_options={"buffer": buffer, "scope": scope, "protect": protect, "window": window},
+        cache_options={"buffer": buffer, "scope": scope, "protect": protect, "window": window,
+                       "head_budget": head_budget},
         agent=agent_args(max_steps, max_new_tokens, context_limit, temperature, "repo_first", 0,
                          prompts, scaffold, history),
     )  # fmt: skip

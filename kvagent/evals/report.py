@@ -28,6 +28,10 @@ def _p(p: float) -> str:
     return f"{p:.3g}" if p >= 0.001 else f"{p:.1e}"
 
 
+def _policy(row: dict[str, Any]) -> str:
+    return f"{row['policy']} ({row['variant']})" if row.get("variant") else row["policy"]
+
+
 def _ref(c: dict[str, Any]) -> str:
     return "" if c["b_budget"] == c["budget"] else f" ({budget_cell(c['b_budget'])})"
 
@@ -58,7 +62,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lo, hi = r["pass_at_1_ci"]
         kv = r["mean_kv_bytes"]
         lines.append(
-            f"| {r['policy']} | {r['mode']} | {budget_cell(r['budget'])} | {r['n_instances']} | "
+            f"| {_policy(r)} | {r['mode']} | {budget_cell(r['budget'])} | {r['n_instances']} | "
             f"{len(r['seeds'])} | {r['resolved']:.2f} | {_pct(r['pass_at_1'])} | [{_pct(lo)}, {_pct(hi)}] | "
             f"{_pct(r['pass_at_k'])} | {r.get('n_errors', 0)} | {_num(r['mean_steps'])} | {_num(r['mean_tokens'], 0)} | "
             f"{_num(r['mean_evictions'])} | {_num(None if kv is None else kv / 2**20)} |"

@@ -228,6 +228,9 @@ class EvalRunner:
             "mode": spec.mode,
             "budget": spec.budget,
             "seed": spec.seed,
+            "scope": spec.scope,
+            "protect": spec.protect,
+            "head_budget": spec.head_budget,
             "model": self.model_name,
             "scaffold": self.agent_config.scaffold,  # protocol profile (docs/deepswe.md)
             "history": self.agent_config.history,

@@ -49,11 +49,18 @@ def config_of(run: Mapping[str, Any]) -> RunSpec:
     budget = run["budget"]
     if isinstance(budget, float) and budget.is_integer():
         budget = int(budget)
-    return RunSpec(str(run["policy"]), str(run["mode"]), budget=budget)
+    # scope, protect and head budget: recorded since they could vary; older records used the defaults
+    variant = {k: str(run[k]) for k in ("scope", "protect", "head_budget") if run.get(k) is not None}
+    return RunSpec(str(run["policy"]), str(run["mode"]), budget=budget, **variant)
+
+
+def policy_name(cfg: RunSpec) -> str:
+    """The policy as tables show it: `snapkv`, or `snapkv (heads-adaptive)` for a variant."""
+    return f"{cfg.policy} ({', '.join(cfg.variant)})" if cfg.variant else cfg.policy
 
 
 def config_fields(cfg: RunSpec) -> dict[str, Any]:
-    return {"policy": cfg.policy, "mode": cfg.mode, "budget": cfg.budget}
+    return {"policy": cfg.policy, "mode": cfg.mode, "budget": cfg.budget, "variant": ", ".join(cfg.variant)}
 
 
 def _budget_key(budget: Any) -> tuple[int, float, str]:
@@ -230,8 +237,8 @@ def summarize(
         return {
             "mode": ca.mode,
             "budget": ca.budget,
-            "a": ca.policy,
-            "b": cb.policy,
+            "a": policy_name(ca),
+            "b": policy_name(cb),
             "b_budget": cb.budget,
             "n_paired": int(both.sum()),
             "diff": float(diffs.mean()) if diffs.size else math.nan,

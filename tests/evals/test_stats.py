@@ -224,3 +224,33 @@ def test_load_runs_errors(tmp_path):
     path.write_text("")
     with pytest.raises(KvagentError, match="no finished runs"):
         write_report(tmp_path)
+
+
+def test_head_budget_scope_and_protect_variants_are_their_own_configurations(tmp_path):
+    """Runs that differ only in head budget (or scope / protect) must not be pooled into one row."""
+    runs = [run(f"i{k}", "snapkv", 0, True) for k in range(3)]
+    runs += [run(f"i{k}", "snapkv", 0, k == 0, head_budget="adaptive") for k in range(3)]
+    runs += [run("i0", "snapkv", 0, False, protect="sink")]
+    s = summarize(runs, n_boot=50)
+    rows = {(r["policy"], r["variant"]): r for r in s["configs"]}
+    assert rows[("snapkv", "")]["pass_at_1"] == 1.0
+    assert rows[("snapkv", "heads-adaptive")]["pass_at_1"] == pytest.approx(1 / 3)
+    assert rows[("snapkv", "protect-sink")]["n_instances"] == 1
+    write_report_runs = tmp_path / "runs.jsonl"
+    write_report_runs.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    write_report(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "| snapkv (heads-adaptive) | persistent |" in md and "| snapkv | persistent |" in md
+
+
+def test_a_sweep_carries_the_head_budget_into_labels_and_configs():
+    from kvagent.errors import ConfigError
+    from kvagent.runspec import sweep
+
+    specs = sweep(["full", "snapkv"], ["persistent"], [64], head_budget="adaptive")
+    by_policy = {s.policy: s for s in specs}
+    assert by_policy["snapkv"].label == "snapkv__persistent__K64__heads-adaptive"
+    assert by_policy["snapkv"].cache_config().head_budget == "adaptive"
+    assert by_policy["full"].label == "full__persistent__dense"  # one dense run serves both
+    with pytest.raises(ConfigError, match="head_budget"):
+        sweep(["random"], ["persistent"], [64], head_budget="adaptive")
