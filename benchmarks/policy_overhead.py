@@ -4,13 +4,15 @@ decode steps). Goals: random <= 1%, nexus and the second-wave policies (tova, kn
 rkv, triattention) <= 3%, none > 5%.
 
     .venv/bin/python benchmarks/policy_overhead.py [--quick] [--device cuda] [--policies a,b]
-        [--head-budget adaptive]   (Ada-KV head budgets; policies that refuse them are skipped)
+        [--head-budget uniform,adaptive]   (Ada-KV head budgets, side by side in one run; policies
+                                            that refuse adaptive budgets are skipped)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ import _model  # noqa: E402
 
 from kvagent.bench.speed import decode_latency  # noqa: E402
 from kvagent.errors import ConfigError  # noqa: E402
+from kvagent.options import split_list  # noqa: E402
 from kvagent.runtime import Engine  # noqa: E402
 
 POLICIES = (
@@ -47,37 +50,38 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small model, K=512 (a smoke run)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--head-budget", default="uniform", choices=("uniform", "adaptive"))
+    ap.add_argument("--head-budget", default="uniform", help="comma list of: uniform, adaptive")
     args = ap.parse_args()
+    budgets = split_list(args.head_budget, "head-budget")
     model = _model.build(args.quick)
     engine = Engine.load(model, tokenizer=_model.tokenizer(), device=args.device)
-    if args.head_budget != "uniform":
-        # decode_latency builds its own CacheConfig: give each of its sessions this head budget.
-        plain = engine.session
-        engine.session = lambda cfg: plain(dataclasses.replace(cfg, head_budget=args.head_budget))
+    plain = engine.session
     k, r = (512, 128) if args.quick else (2048, 128)
     steps = 4 * r  # four rounds per policy
     print(
         f"model: Qwen3-shaped random, {_model.n_params(model) / 1e6:.0f}M params on {engine.device} "
-        f"({engine.dtype}); K={k}, r={r}, head budget {args.head_budget}, {steps} decode steps from a "
+        f"({engine.dtype}); K={k}, r={r}, head budgets {', '.join(budgets)}, {steps} decode steps from a "
         f"full cache; {time.strftime('%Y-%m-%d %H:%M')}"
     )
-    print(f"{'policy':<12} {'rounds':>6} {'step ms':>8} {'scoring':>8} {'compact':>8} {'total':>8}  goal")
-    for p in args.policies.split(","):
+    print(f"{'policy':<22} {'rounds':>6} {'step ms':>8} {'scoring':>8} {'compact':>8} {'total':>8}  goal")
+    for p, hb in itertools.product(args.policies.split(","), budgets):
+        # decode_latency builds its own CacheConfig: give each of its sessions this head budget.
+        engine.session = lambda cfg, hb=hb: plain(dataclasses.replace(cfg, head_budget=hb))
+        name = p if len(budgets) == 1 else f"{p} ({hb})"
         # Start just below K + r so every round in the timed window is a decode-time round.
         # k + 2r - 1: the prefill already runs one round (first calls of a policy's kernels are
         # slow), and the cache then sits one token short of K + r, as in the timed steady state.
         try:
             (row,) = decode_latency(
-                engine, p, [k + 2 * r - 1], k, r, steps, policy_args=policy_args(p, model, args.head_budget)
+                engine, p, [k + 2 * r - 1], k, r, steps, policy_args=policy_args(p, model, hb)
             )
         except ConfigError as e:
-            print(f"{p:<12} skipped: {e}", flush=True)
+            print(f"{name:<22} skipped: {e}", flush=True)
             continue
         goal = GOALS.get(p, 0.05)
         ok = "ok" if row["round_share"] <= goal else "OVER"
         print(
-            f"{p:<12} {row['rounds']:>6} {row['step_ms']:>8.2f} {row['scoring_share']:>8.2%} "
+            f"{name:<22} {row['rounds']:>6} {row['step_ms']:>8.2f} {row['scoring_share']:>8.2%} "
             f"{row['compaction_share']:>8.2%} {row['round_share']:>8.2%}  <= {goal:.0%} {ok}",
             flush=True,
         )
