@@ -253,6 +253,7 @@ def run_eval(
             model_name=model,
             workers=concurrency,
             on_update=stream.around_runs(table, table.render) if stream else table,
+            on_event=stream,  # observations and the end line of the streamed episode
         )
         try:
             with table.live if stream is None else contextlib.nullcontext():

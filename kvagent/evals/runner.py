@@ -109,6 +109,8 @@ class EvalRunner:
     model_name: str = "kvagent"
     workers: int = 1
     on_update: Callable[[str, EvalRun, dict[str, Any] | None], None] | None = None
+    # Each episode's agent events (replies, observations, end), e.g. a live display of one episode.
+    on_event: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -205,6 +207,7 @@ class EvalRunner:
                     config=replace(self.agent_config, seed=spec.seed),
                     trajectory_path=trajectory,
                     meta={"run_id": run.run_id, "instance_id": run.instance_id, "spec": run.meta()},
+                    on_event=self.on_event,
                 )
         except KvagentError as e:
             error = str(e)

@@ -137,6 +137,21 @@ def test_full_policy_runs_once_and_is_recorded_for_each_mode(tmp_path, fixture_i
     assert records[1]["derived_from"] == records[0]["run_id"]
 
 
+def test_each_episode_reports_its_agent_events(tmp_path, fixture_instance, qwen3_tokenizer):
+    """`on_event` sees every episode's replies, observations and end (what eval's live stream shows)."""
+    from dataclasses import replace
+
+    inst, repos = fixture_instance
+    events = []
+    runner = replace(
+        make_runner(tmp_path / "run", DyingEngine(qwen3_tokenizer), inst, repos), on_event=events.append
+    )
+    runner.run(plan_runs([inst.instance_id], ["random"], ["persistent"], [64], [0]))
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count("reply") == 2
+    assert "observation" in kinds
+
+
 @pytest.mark.slow
 def test_kvagent_eval_cli_with_tiny_model_and_local_sandboxes(tmp_path, fixture_instance):
     """The real model path through the CLI: plan, run, grade, resume (nothing redone), report."""
