@@ -1,5 +1,5 @@
 """Part 1: the masked-attention oracle for every registered policy on the tiny models, in float32
-and bfloat16, on the benchmark's device.
+and bfloat16, on the benchmark's device (and Ada-KV head budgets for two of them).
 
 float32 is the correctness proof (max |logit error| < 1e-4, the test suite's bar). In bfloat16 the
 dense path itself differs from the eager reference by rounding, so an evicted cache is judged
@@ -29,6 +29,9 @@ F32_TOL = 1e-4
 BF16_C = 2.0
 BF16_FLOOR = 0.02
 BUDGET, BUFFER, VOCAB = 64, 16, 512  # the runtime tests' tiny episode: ~340 tokens, 9-20 rounds
+# Ada-KV head budgets (per-head buffers, attention per KV head: flash-attn per head on CUDA), as
+# extra rows named POLICY+adaptive.
+ADAPTIVE = ("snapkv", "h2o")
 
 
 def oracle_error(session, records) -> tuple[float, float]:
@@ -51,8 +54,9 @@ def bf16_tolerance(unevicted: float, scale: float) -> float:
     return max(BF16_C * unevicted, BF16_FLOOR * scale)
 
 
-def run_episode(engine, policy: str, turns: int = 4, seed: int = 5) -> dict:
+def run_episode(engine, policy: str, turns: int = 4, seed: int = 5, head_budget: str = "uniform") -> dict:
     cfg = CacheConfig(
+        head_budget=head_budget,
         policy=policy,
         budget=None if policy == "full" else BUDGET,
         buffer=BUFFER,
@@ -77,13 +81,16 @@ def run(device: torch.device, policies: list[str], clock, skipped: list, turns: 
             engine = Engine.load(model, tokenizer=NoTokenizer(), device=device, dtype=dtype)
             base = None
             # `full` first: its error is the unevicted reference every other policy is judged by.
-            for policy in ["full"] + [p for p in policies if p != "full"]:
+            plan = [(p, "uniform") for p in ["full"] + [p for p in policies if p != "full"]]
+            plan += [(p, "adaptive") for p in ADAPTIVE if p in policies]
+            for name, head_budget in plan:
+                policy = name if head_budget == "uniform" else f"{name}+adaptive"
                 if not clock.allows("oracle"):
                     skipped.append({"part": "oracle", "what": f"{kind}/{dname}/{policy}", "reason": "time"})
                     continue
                 t0 = time.perf_counter()
                 try:
-                    r = run_episode(engine, policy, turns)
+                    r = run_episode(engine, name, turns, head_budget=head_budget)
                 except Exception as e:  # a policy that cannot run this episode is a finding, not a crash
                     rows.append(_row(kind, dname, policy, error=f"{type(e).__name__}: {e}"))
                     continue

@@ -158,6 +158,8 @@ runpy.run_path({str(GPU_DIR / "run.py")!r}, run_name="__main__")
                 assert "error" not in r, r
                 assert r["pass"], r
                 assert (r["rounds"] > 0) == (q != "full"), r
+            for q in ("snapkv+adaptive", "h2o+adaptive"):  # Ada-KV head budgets, per-head attention
+                assert rows[(model, dtype, q)]["pass"] and rows[(model, dtype, q)]["rounds"] > 0
             assert (
                 rows[(model, "bfloat16", "random")]["unevicted_err"]
                 == rows[(model, "bfloat16", "full")]["err"]
