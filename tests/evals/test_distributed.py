@@ -165,9 +165,14 @@ def cluster():
 
     # Actors unpickle this module's doubles by value: the test module is not importable on workers.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # ray.init puts its own SIGTERM / SIGINT handlers in this process: put the test process's back
+    # after, so later tests see the handlers they expect.
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
+    for s, h in handlers.items():
+        signal.signal(s, h)
 
 
 class KillingEngine:
