@@ -84,6 +84,17 @@ def run_n(model, tokenizer, device, dtype, n: int, plan: dict, timeout: float) -
     return row
 
 
+def plan_ns(ns: list[int], n_max: int | None) -> list[tuple[int, int]]:
+    """(N to run, N asked) per asked N: an N over the largest that fits in memory runs at that
+    largest N instead (once), so the top of the curve is measured rather than skipped."""
+    out: list[tuple[int, int]] = []
+    for asked in ns:
+        n = asked if n_max is None else min(asked, n_max)
+        if n >= 1 and n not in [m for m, _ in out]:
+            out.append((n, asked))
+    return out
+
+
 def run(model, tokenizer, device, dtype, plan: dict, clock, skipped: list, hints: dict, fit: dict) -> dict:
     ok, why = landed()
     if not ok:
@@ -92,23 +103,24 @@ def run(model, tokenizer, device, dtype, plan: dict, clock, skipped: list, hints
     rows = []
     rate = hints.get("evicting", {}).get("bulk_tok_s")
     step = hints.get("evicting", {}).get("step_s")
-    for n in plan["ns"]:
+    n_max = fit.get("evicting_n_max")
+    for asked in plan["ns"]:
+        if n_max is not None and asked > n_max:
+            over = f"memory: over the computed largest N, {n_max}, which runs instead" if n_max else "memory"
+            skipped.append({"part": "batched", "what": f"N={asked}", "reason": over})
+    for n, asked in plan_ns(plan["ns"], n_max):
         # Heuristic prediction: prefill at the single-session rate, decode at most sqrt(N) times
         # slower per step than one session (the point of batching is that it is far less).
         need = (n * plan["budget"] / rate if rate else 0.0) + plan["steps"] * (step or 0.0) * n**0.5
-        if fit.get("evicting_n_max") is not None and n > fit["evicting_n_max"]:
-            skipped.append(
-                {"part": "batched", "what": f"N={n}", "reason": "memory (over the computed largest N)"}
-            )
-            continue
         if not clock.allows("batched", need):
             skipped.append({"part": "batched", "what": f"N={n}", "reason": f"time (predicted {need:.0f} s)"})
             continue
         t0 = time.perf_counter()
         try:
-            rows.append(
-                run_n(model, tokenizer, device, dtype, n, plan, timeout=max(30.0, clock.remaining("batched")))
+            row = run_n(
+                model, tokenizer, device, dtype, n, plan, timeout=max(30.0, clock.remaining("batched"))
             )
+            rows.append(row | {"asked_n": asked})
         except (RuntimeError, torch.OutOfMemoryError) as e:
             skipped.append(
                 {"part": "batched", "what": f"N={n}", "reason": f"failed: {str(e).splitlines()[0][:300]}"}

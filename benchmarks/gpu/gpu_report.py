@@ -317,6 +317,11 @@ def estimate_full_depth(res) -> dict:
     return out
 
 
+def _n(row: dict) -> str:
+    asked = row.get("asked_n", row["n"])
+    return str(row["n"]) if asked == row["n"] else f"{row['n']} (largest that fits; {asked} asked)"
+
+
 def _batched(b) -> list[str]:
     if b is None:
         return []
@@ -329,7 +334,7 @@ def _batched(b) -> list[str]:
     ]
     for r in b["rows"]:
         lines.append(
-            f"| {r['n']} | {r['policy']} | {r['budget']} | {r['tokens_s']:.1f} | {_f(r['speedup_vs_n1'], '{:.2f}x')} | "
+            f"| {_n(r)} | {r['policy']} | {r['budget']} | {r['tokens_s']:.1f} | {_f(r['speedup_vs_n1'], '{:.2f}x')} | "
             f"{r['step_ms']:.2f} | {r['prefill_s']:.1f} | {r['kv_bytes_per_session'] / GIB:.3f} |"
         )
     return lines

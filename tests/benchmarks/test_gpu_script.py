@@ -265,3 +265,31 @@ def test_built_shape_matches_its_config():
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     w = model.model.layers[0].mlp.up_proj.weight
     assert 0.015 < w.float().std().item() < 0.025  # N(0, 0.02), not torch's default init
+
+
+def test_production_shape_is_qwen3_32b_and_fits_one_h200():
+    """The real shape, built on the meta device (no memory): DeepSWE-Preview's parameter count,
+    256 KiB of KV per token, and all 64 layers beside a dense 64k cache on an H200 (141 GB)."""
+    from gpu_shapes import QWEN3_32B, kv_bytes_per_token, layers_that_fit, n_params, param_bytes
+
+    model, _ = build_qwen3(QWEN3_32B, QWEN3_32B["num_hidden_layers"], torch.device("meta"), torch.bfloat16)
+    assert 32.7e9 < n_params(model) < 32.8e9
+    assert param_bytes(model) == 2 * n_params(model)
+    assert kv_bytes_per_token(QWEN3_32B, 64, torch.bfloat16) == 256 * 1024
+    assert layers_that_fit(QWEN3_32B, torch.bfloat16, 141 * 10**9, 65536 + 512) == 64
+    assert layers_that_fit(QWEN3_32B, torch.bfloat16, 80 * 2**30, 65536 + 512) < 64  # an 80 GiB card
+
+
+@pytest.mark.parametrize(
+    "ns, n_max, planned",
+    [
+        ([1, 8, 32], None, [(1, 1), (8, 8), (32, 32)]),
+        ([1, 8, 32], 20, [(1, 1), (8, 8), (20, 32)]),  # the top of the curve runs at what fits
+        ([1, 8, 32], 8, [(1, 1), (8, 8)]),  # once, not twice
+        ([1, 8, 32], 0, []),
+    ],
+)
+def test_batched_ns_over_memory_run_at_the_largest_that_fits(ns, n_max, planned):
+    import gpu_batched
+
+    assert gpu_batched.plan_ns(ns, n_max) == planned
