@@ -135,6 +135,7 @@ class Agent:
                 status = self.loop()
         except KeyboardInterrupt:  # Ctrl-C: the partial episode goes up with the interrupt
             status, stopped = INTERRUPTED, True
+            self._keep_partial_reply()
         except Exception as e:  # the episode records what went wrong instead of losing its trajectory
             status, error = "error", f"{type(e).__name__}: {e}"
         patch, patch_error = self._patch()
@@ -221,6 +222,21 @@ class Agent:
         self.messages.append({"role": "assistant", "content": turn.reply})
         self._record_cache(turn)
         return turn
+
+    def _keep_partial_reply(self) -> None:
+        """Ctrl-C mid-reply: the tokens already fed are in the session's stream, so the turn keeps
+        what the model had written (often minutes of thinking on a GPU) instead of an empty reply."""
+        turn = self.turns[-1] if self.turns else None
+        history = getattr(self.session, "history", None)
+        if turn is None or turn.finish_reason or history is None:
+            return
+        ids = [int(i) for i in history[self._reply_start :]]
+        if not ids:
+            return
+        self._last_reply_ids = ids
+        turn.reply, turn.reply_tokens, turn.finish_reason = self.render.decode(ids), len(ids), INTERRUPTED
+        self.messages.append({"role": "assistant", "content": turn.reply})
+        self._record_cache(turn)
 
     def _act(self, turn: Turn) -> None:
         """Run the reply's call (or explain why it cannot run) and set the turn's observation."""
