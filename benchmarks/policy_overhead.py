@@ -36,10 +36,8 @@ GOALS = {
 }
 
 
-def policy_args(policy: str, model, head_budget: str = "uniform") -> dict:
-    # TriAttention un-rotates keys with the model's RoPE base (the LayerView carries none).
-    if policy == "triattention":
-        return {"rope_theta": float(model.config.rope_parameters["rope_theta"])}
+def policy_args(policy: str, head_budget: str = "uniform") -> dict:
+    # TriAttention's RoPE frequencies come from the engine (Engine.model_facts), not from here.
     if policy == "tova" and head_budget == "adaptive":
         return {"shared": False}  # adaptive head budgets need one keep-set per head
     return {}
@@ -72,9 +70,7 @@ def main() -> None:
         # k + 2r - 1: the prefill already runs one round (first calls of a policy's kernels are
         # slow), and the cache then sits one token short of K + r, as in the timed steady state.
         try:
-            (row,) = decode_latency(
-                engine, p, [k + 2 * r - 1], k, r, steps, policy_args=policy_args(p, model, hb)
-            )
+            (row,) = decode_latency(engine, p, [k + 2 * r - 1], k, r, steps, policy_args=policy_args(p, hb))
         except ConfigError as e:
             print(f"{name:<22} skipped: {e}", flush=True)
             continue

@@ -35,7 +35,7 @@ def run_n(model, tokenizer, device, dtype, n: int, plan: dict, timeout: float) -
         gen = torch.Generator().manual_seed(1000 + i)
         ids = torch.randint(0, vocab - 512, (k + steps,), generator=gen).tolist()
         try:
-            s = engine.session(config(plan["policy"], k, r, plan["chunk"], model.config))
+            s = engine.session(config(plan["policy"], k, r, plan["chunk"]))
             sessions[i] = s
             s.append(ids[:k])
             prefilled.wait()

@@ -12,7 +12,6 @@ so it never absorbs the tail of the forward still running on the GPU.
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 
@@ -26,30 +25,10 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def model_policy_args(policy: str, model_config) -> dict:
-    """Arguments a policy needs from the model (TriAttention's RoPE base): filled in for any
-    registered policy whose constructor names them with no usable default."""
-    from kvagent.runtime.policies import base
-
-    cls = getattr(base, "_REGISTRY", {}).get(policy)
-    if cls is None:
-        return {}
-    rope = getattr(model_config, "rope_parameters", None) or {}
-    facts = {
-        "rope_theta": getattr(model_config, "rope_theta", None) or rope.get("rope_theta"),
-        "head_dim": getattr(model_config, "head_dim", None),
-    }
-    params = inspect.signature(cls.__init__).parameters
-    return {
-        k: v
-        for k, v in facts.items()
-        if k in params and params[k].default in (None, inspect.Parameter.empty) and v is not None
-    }
-
-
-def config(policy: str, budget: int, buffer: int, chunk: int, model_config=None) -> CacheConfig:
+def config(policy: str, budget: int, buffer: int, chunk: int) -> CacheConfig:
     # protect=sink: a synthetic stream has no prompt worth protecting. scope prefill+decode: rounds
-    # fire during decode too, as in an agent's long assistant turns.
+    # fire during decode too, as in an agent's long assistant turns. Model-dependent policy
+    # arguments (TriAttention's RoPE frequencies) come from the engine (Engine.model_facts).
     evicts = policy != "full"
     return CacheConfig(
         policy=policy,
@@ -58,7 +37,6 @@ def config(policy: str, budget: int, buffer: int, chunk: int, model_config=None)
         protect="sink",
         scope="prefill+decode",
         prefill_chunk=chunk,
-        policy_args=model_policy_args(policy, model_config) if model_config is not None else {},
     )
 
 
@@ -95,7 +73,7 @@ class Runner:
         self.hints = hints.setdefault("full" if policy == "full" else "evicting", {})
         self.device = engine.device
         self.policy = policy
-        self.session = engine.session(config(policy, budget, buffer, chunk, engine.model.config))
+        self.session = engine.session(config(policy, budget, buffer, chunk))
         self.timer = RoundTimer(self.session, self.device)
         self.gen = torch.Generator().manual_seed(seed)
         self.vocab = int(engine.model.config.vocab_size)

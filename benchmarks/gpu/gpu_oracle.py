@@ -18,7 +18,6 @@ from __future__ import annotations
 import time
 
 import torch
-from gpu_decode import model_policy_args
 from gpu_shapes import NoTokenizer
 
 from kvagent.runtime import CacheConfig, Engine
@@ -62,7 +61,6 @@ def run_episode(engine, policy: str, turns: int = 4, seed: int = 5, head_budget:
         buffer=BUFFER,
         protect="sink",
         seed=seed,
-        policy_args=model_policy_args(policy, engine.model.config),
     )
     session = engine.session(cfg)
     with trace(session) as records:

@@ -88,6 +88,8 @@ class Engine:
         self.scaling = _attention_scaling(model, self.head_dim)
         self.max_context = getattr(cfg, "max_position_embeddings", None)
         self.eos_token_ids = _eos_ids(model, tokenizer)
+        # What policies may take from the model (BasePolicy.model_args) instead of from the user.
+        self.model_facts = {"inv_freq": _rope_inv_freq(model), "head_dim": self.head_dim}
         self.max_batch = max_batch
         self.scheduler = Scheduler(self, max_batch) if max_batch > 1 else None
         self.pools: dict[tuple, SlotPool] = {}
@@ -158,6 +160,16 @@ def _attention_scaling(model, head_dim: int) -> float:
         if hasattr(module, "layer_idx") and hasattr(module, "scaling"):
             return float(module.scaling)
     return head_dim**-0.5
+
+
+def _rope_inv_freq(model) -> torch.Tensor | None:
+    """The angular frequency of each RoPE pair as the model rotates keys (scaling such as YaRN
+    included), from its rotary embedding's `inv_freq` buffer; None without one, or with several
+    that differ (e.g. local and global attention layers with different bases)."""
+    found = [b for name, b in model.named_buffers() if name.rsplit(".", 1)[-1] == "inv_freq"]
+    if not found or any(f.shape != found[0].shape or not torch.equal(f, found[0]) for f in found[1:]):
+        return None
+    return found[0].detach().to("cpu", torch.float64).clone()
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

@@ -24,6 +24,7 @@ from kvagent.runtime.eviction import build_view, round_generator, select
 from kvagent.runtime.generation import Generation, generate_tokens
 from kvagent.runtime.heads import HeadLayer, select_adaptive
 from kvagent.runtime.policies import make_policy
+from kvagent.runtime.policies.base import model_defaults
 from kvagent.runtime.scheduler import scheduled
 from kvagent.runtime.stats import CacheStats
 
@@ -46,7 +47,8 @@ class Session:
     def __init__(self, engine: Engine, config: CacheConfig) -> None:
         self.engine = engine
         self.config = config
-        self.policy = make_policy(config.policy, **config.policy_args)
+        facts = model_defaults(config.policy, engine.model_facts, config.policy_args)
+        self.policy = make_policy(config.policy, **facts, **config.policy_args)
         self.n_layers = engine.n_layers
         self.history: list[int] = []
         self.prompt_length: int | None = None

@@ -60,6 +60,9 @@ class BasePolicy:
     block = 1  # 1 = token granularity
     needs_pending_queries = False  # H2O: the runtime keeps all queries since the last round
     adaptive_heads = False  # scores comparable across heads: head_budget=adaptive may use them
+    # Constructor arguments the session fills from the model (Engine.model_facts) when policy_args
+    # leaves them out, e.g. TriAttention's RoPE base: a user should not have to copy it by hand.
+    model_args: tuple[str, ...] = ()
 
     def __init__(self, **kwargs: Any) -> None:
         if kwargs:
@@ -102,6 +105,13 @@ def check_policy(name: str, what: str = "policy") -> None:
         from kvagent.errors import ConfigError
 
         raise ConfigError(f"{what}: unknown policy {name!r}; choose one of {', '.join(available())}")
+
+
+def model_defaults(name: str, facts: dict[str, Any], policy_args: dict[str, Any]) -> dict[str, Any]:
+    """The policy's `model_args` that `facts` knows and `policy_args` does not set."""
+    check_policy(name)
+    wanted = _REGISTRY[name].model_args
+    return {k: facts[k] for k in wanted if k not in policy_args and facts.get(k) is not None}
 
 
 def make_policy(name: str, **policy_args: Any) -> BasePolicy:

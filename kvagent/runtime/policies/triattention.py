@@ -15,14 +15,15 @@ from kvagent.runtime.policies._keep import rank_first
 from kvagent.runtime.policies.base import BasePolicy, LayerView, register
 from kvagent.runtime.policies.knorm import round_relative
 
-_ARGS = ["rope_theta", "offset_max", "normalize", "recent"]
+_ARGS = ["rope_theta", "offset_max", "normalize", "recent", "inv_freq"]
 
 
 @functools.cache
 def _warn_no_rope() -> None:
     warnings.warn(
-        "triattention: no policy_args.rope_theta, so scores use key and query norms only (no "
-        "trigonometric term); set rope_theta to the model config's value for TriAttention proper",
+        "triattention: no RoPE frequencies (none from the model, and policy_args sets no rope_theta), "
+        "so scores use key and query norms only (no trigonometric term); set policy_args rope_theta "
+        "for TriAttention proper",
         stacklevel=3,
     )
 
@@ -108,14 +109,16 @@ class TriAttentionPolicy(BasePolicy):
 
     Assumptions where the runtime differs from the paper: the query centre and mean norms come
     from this layer's window queries (the paper calibrates them offline on a text corpus); RoPE
-    is unscaled with base `rope_theta`, with HF's half-split pairing, and the extra frequency
-    scale of scaled RoPE variants is 1. `rope_theta` must be the model's config.rope_theta: the
-    LayerView carries no RoPE parameters. Without it (default None) the policy falls back to
-    `norm_scores`, which needs none, and warns once: that is the paper's no-trig ablation, not
-    TriAttention.
+    is HF's half-split pairing, and the extra magnitude scale of scaled RoPE variants (YaRN's
+    attention factor) is 1. The frequencies are the model's own: a session fills `inv_freq` from
+    the model's rotary embedding (`Engine.model_facts`, so scaled variants such as YaRN are right
+    too); an explicit `rope_theta` overrides it with unscaled RoPE of that base. With neither (a
+    policy made outside a session) it falls back to `norm_scores`, which needs none, and warns
+    once: that is the paper's no-trig ablation, not TriAttention.
     """
 
     name = "triattention"
+    model_args = ("inv_freq",)
 
     def __init__(
         self,
@@ -123,10 +126,12 @@ class TriAttentionPolicy(BasePolicy):
         offset_max: int = 65536,
         normalize: bool = True,
         recent: int = 128,
+        inv_freq: torch.Tensor | None = None,
         **unknown: Any,
     ) -> None:
         reject_unknown(self.name, unknown, _ARGS)
         self.rope_theta = None if rope_theta is None else float_arg("rope_theta", rope_theta, 1.0)
+        self.inv_freq = None if inv_freq is None else torch.as_tensor(inv_freq, dtype=torch.float64).flatten()
         self.offset_max = int_arg("offset_max", offset_max, 1)
         self.normalize = bool_arg("normalize", normalize)
         self.recent = int_arg("recent", recent, 0)
@@ -135,11 +140,11 @@ class TriAttentionPolicy(BasePolicy):
         b, hkv, n = view.positions.shape
         if view.queries.shape[2] == 0:
             return torch.zeros((b, hkv, n), dtype=torch.float32, device=view.keys.device)
-        if self.rope_theta is None:
+        inv_freq = self._frequencies(view)
+        if inv_freq is None:
             _warn_no_rope()
             s = norm_scores(view)
         else:
-            inv_freq = rope_frequencies(self.rope_theta, view.keys.shape[-1], view.keys.device)
             s = trig_scores(view, inv_freq, self.offset_max)
         s = s.reshape(b, hkv, view.group_size, n)
         if self.normalize:
@@ -159,8 +164,21 @@ class TriAttentionPolicy(BasePolicy):
             s = rank_first(s, recent)
         return s
 
+    def _frequencies(self, view: LayerView) -> torch.Tensor | None:
+        if self.rope_theta is not None:
+            return rope_frequencies(self.rope_theta, view.keys.shape[-1], view.keys.device)
+        if self.inv_freq is not None:
+            if 2 * self.inv_freq.numel() != view.keys.shape[-1]:
+                raise ValueError(
+                    f"triattention: {self.inv_freq.numel()} RoPE frequencies for head_dim "
+                    f"{view.keys.shape[-1]} (partial rotary is not supported); set rope_theta"
+                )
+            return self.inv_freq.to(view.keys.device)
+        return None
+
     def __repr__(self) -> str:
+        freq = "" if self.inv_freq is None or self.rope_theta is not None else ", inv_freq=<model>"
         return (
-            f"{type(self).__name__}(rope_theta={self.rope_theta}, offset_max={self.offset_max}, "
+            f"{type(self).__name__}(rope_theta={self.rope_theta}{freq}, offset_max={self.offset_max}, "
             f"normalize={self.normalize}, recent={self.recent})"
         )
