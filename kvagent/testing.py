@@ -1,15 +1,21 @@
 """Deterministic doubles of a model session and an engine, for tests of anything above the runtime
-(the agent loop, chat, the eval runner): fixed replies played back over a real tokenizer.
+(the agent loop, chat, the eval runner): fixed replies played back over a real tokenizer. Also the
+one-bug fixture instance (a git checkout and its SWE-bench record) that the eval tests and
+scripts/kill_soak.py run on.
 
     session = ScriptedSession(tokenizer, ["<function=finish>...</function>"])
     result = run_episode(session, env, issue, tokenizer=tokenizer)
+    record = calc_record(tmp_path / "repos", "fixture__calc-1")  # repos/fixture__calc-1 committed
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 IM_END = "<|im_end|>"
@@ -124,3 +130,54 @@ class ScriptedEngine:
     def session(self, config: Any) -> ScriptedSession:
         self.sessions += 1
         return ScriptedSession(self.tokenizer, list(self.replies(config)))
+
+
+# ----------------------------------------------------------------------------- a fixture instance
+# add() subtracts (the bug); sub() is right, so its test passes before and after the fix.
+CALC_PY = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
+CALC_TEST_PATCH = """diff --git a/test_calc.py b/test_calc.py
+new file mode 100644
+--- /dev/null
++++ b/test_calc.py
+@@ -0,0 +1,7 @@
++from calc import add, sub
++
++def test_add():
++    assert add(2, 3) == 5
++
++def test_sub():
++    assert sub(5, 3) == 2
+"""
+
+
+def git_repo(root: Path, files: Mapping[str, str]) -> str:
+    """Writes `files` (relative path -> text) under `root` and commits them as the one base commit
+    of a new repository; returns that commit's sha."""
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+    return head.stdout.strip()
+
+
+def calc_record(repos: Path, instance_id: str, **fields: Any) -> dict[str, Any]:
+    """The checkout `repos/instance_id` of CALC_PY and its SWE-bench record: test_add fails until
+    add() is fixed, test_sub passes throughout; graded by pytest of this interpreter. `fields`
+    replace or add record fields."""
+    return {
+        "instance_id": instance_id,
+        "repo": "fixture/calc",
+        "base_commit": git_repo(repos / instance_id, {"calc.py": CALC_PY}),
+        "problem_statement": "add() subtracts instead of adding",
+        "test_patch": CALC_TEST_PATCH,
+        "patch": "",
+        "FAIL_TO_PASS": ["test_calc.py::test_add"],
+        "PASS_TO_PASS": ["test_calc.py::test_sub"],
+        "log_parser": "parse_log_pytest",
+        "test_cmd": f"{sys.executable} -m pytest -rA -p no:cacheprovider",
+        **fields,
+    }

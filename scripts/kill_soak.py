@@ -34,53 +34,19 @@ KVAGENT = str(Path(sys.executable).with_name("kvagent"))
 BASE_IMAGE = "kvagent/base:bookworm"
 SANDBOX_PREFIX = "kvagent-sbx-"
 TERM_EXIT_S = 60.0  # a SIGTERM'd run must be gone by then (its current model step included)
-CALC = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
-TEST_PATCH = """diff --git a/test_calc.py b/test_calc.py
-new file mode 100644
---- /dev/null
-+++ b/test_calc.py
-@@ -0,0 +1,7 @@
-+from calc import add, sub
-+
-+def test_add():
-+    assert add(2, 3) == 5
-+
-+def test_sub():
-+    assert sub(5, 3) == 2
-"""
 IID = "soak__calc-1"
 MODEL = ["--model", "tiny-random-qwen3", "--device", "cpu", "--max-new-tokens", "8", "--temperature", "0"]
 
 
-def git(cwd: Path, *args: str) -> str:
-    ident = ["-c", "user.name=soak", "-c", "user.email=soak@localhost"]
-    return subprocess.run(["git", *ident, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
-
-
 def make_fixture(ws: Path, image: str | None) -> dict:
+    from kvagent.testing import calc_record
+
     repos = ws / "repos"
-    repo = repos / IID
-    repo.mkdir(parents=True)
-    (repo / "calc.py").write_text(CALC)
-    git(repo, "init", "-q")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "base")
-    record = {
-        "instance_id": IID,
-        "repo": "soak/calc",
-        "base_commit": git(repo, "rev-parse", "HEAD").strip(),
-        "problem_statement": "add() subtracts instead of adding",
-        "test_patch": TEST_PATCH,
-        "patch": "",
-        "FAIL_TO_PASS": ["test_calc.py::test_add"],
-        "PASS_TO_PASS": ["test_calc.py::test_sub"],
-        "log_parser": "parse_log_pytest",
-        "test_cmd": f"{sys.executable} -m pytest -rA -p no:cacheprovider",
-    }
+    record = calc_record(repos, IID, repo="soak/calc")
     if image:
         record["image"] = image
     (ws / "dataset.json").write_text(json.dumps([record]))
-    return {"repos": repos, "repo": repo}
+    return {"repos": repos, "repo": repos / IID}
 
 
 def build_image(ws: Path, repo: Path, tag: str) -> None:

@@ -143,15 +143,14 @@ def test_mean():
 
 
 def make_repo(root: Path) -> Path:
-    (root / "calc").mkdir(parents=True)
-    (root / "calc" / "__init__.py").write_text(BUGGY_SOURCE)
-    (root / "tests").mkdir()
-    (root / "tests" / "test_calc.py").write_text(TEST_SOURCE)
-    (root / ".gitignore").write_text("__pycache__/\n.pytest_cache/\n")
-    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(root)], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    from kvagent.testing import git_repo
+
+    files = {
+        "calc/__init__.py": BUGGY_SOURCE,
+        "tests/test_calc.py": TEST_SOURCE,
+        ".gitignore": "__pycache__/\n.pytest_cache/\n",
+    }
+    git_repo(root, files)
     return root
 
 
@@ -171,6 +170,16 @@ def fake_env(repo: Path) -> FakeEnv:
 def fresh_repo(tmp_path: Path):
     """A second, untouched copy of the fixture repository (to check that a patch applies and fixes it)."""
     return lambda: make_repo(tmp_path / "fresh")
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    """The sandbox base image, built on first use; a skip when Docker is unreachable (CI: a failure)."""
+    from kvagent.sandbox import ensure_base_image
+    from tests.helpers import require_docker
+
+    require_docker()
+    return ensure_base_image()
 
 
 # ----------------------------------------------------------------------------- replay episodes

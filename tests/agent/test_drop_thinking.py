@@ -11,8 +11,9 @@ from kvagent.agent import AgentConfig, run_episode
 from kvagent.runtime import CacheConfig, Engine
 from kvagent.runtime.oracle import check_session_against_oracle, trace
 from kvagent.testing import Generated
+from tests.helpers import call
 
-from .test_r2egym_profile import Env, call
+from .test_r2egym_profile import Env
 
 TOL = 1e-4
 REPLIES = [

@@ -6,7 +6,6 @@ turn is recorded with its cache stats, and eviction really happened."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -142,26 +141,6 @@ def test_smollm2_in_the_local_sandbox(smollm2, repo):
     # minute; reprefill and the other policies are covered on the tiny model above.
     with open_sandbox("local", repo=repo) as sb:
         run_checked(smollm2, sb, cache("random", "persistent", 256), steps=2, new_tokens=24)
-
-
-def require_docker():
-    from kvagent.sandbox.docker_backend import docker_client
-    from kvagent.sandbox.errors import DockerUnavailableError
-
-    try:
-        docker_client()
-    except DockerUnavailableError as e:
-        if os.environ.get("CI", "").lower() == "true":  # in CI Docker is part of the contract
-            pytest.fail(f"CI=true but Docker is unreachable: {e}")
-        pytest.skip(f"Docker is unreachable ({e}); start dockerd to run the Docker sandbox tests")
-
-
-@pytest.fixture(scope="module")
-def base_image():
-    require_docker()
-    from kvagent.sandbox import ensure_base_image
-
-    return ensure_base_image()
 
 
 @pytest.mark.slow

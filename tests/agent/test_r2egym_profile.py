@@ -19,6 +19,7 @@ from kvagent.agent.r2egym import (
 )
 from kvagent.agent.thinking import thinking_offsets
 from kvagent.errors import ConfigError
+from tests.helpers import call
 
 SYSTEM = "You are a test agent.\nTools: file_editor, execute_bash, search, finish.\n  Indented {not a placeholder}\n"
 PROMPTS = f"""\
@@ -36,14 +37,6 @@ command_files:
   - ./tools/finish.py
 llm_name: gpt-4o
 """
-
-
-def call(name, **params):
-    return (
-        f"<function={name}>\n"
-        + "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in params.items())
-        + "</function>"
-    )
 
 
 @dataclass

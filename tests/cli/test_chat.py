@@ -12,21 +12,9 @@ from kvagent.agent import AgentConfig, ChatMLRenderer
 from kvagent.agent.chat import DECLINED, STOPPED_DURING, STOPPED_REPLY
 from kvagent.cli.chat import ChatSession
 from kvagent.errors import ConfigError
-
-
-def call(name, **params):
-    body = "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in params.items())
-    return f"<function={name}>\n{body}</function>"
-
+from tests.helpers import FIX_MEAN, call
 
 VIEW = "Let me look.\n" + call("file_editor", command="view", path="/testbed/calc/__init__.py")
-FIX = call(
-    "file_editor",
-    command="str_replace",
-    path="/testbed/calc/__init__.py",
-    old_str="return total / (len(values) + 1)",
-    new_str="return total / len(values)",
-)
 FINISH = call("finish", command="submit", result="Fixed the denominator.")
 
 
@@ -81,7 +69,7 @@ def check_stream(chat, session, tokenizer):
 
 
 def test_confirm_mode_runs_on_y_declines_on_n_and_follow_ups_share_the_stream(scripted, fake_env, tokenizer):
-    session = scripted([VIEW, FIX, FIX, FINISH, call("execute_bash", cmd="echo again"), FINISH])
+    session = scripted([VIEW, FIX_MEAN, FIX_MEAN, FINISH, call("execute_bash", cmd="echo again"), FINISH])
     chat, out = make_chat(session, fake_env, tokenizer, keys="ynyy")
 
     assert chat.ask("mean([1, 2, 3]) returns 1.5 instead of 2.") == "submitted"
@@ -179,7 +167,7 @@ def test_per_request_step_limit_and_the_unfed_output_reaches_the_next_request(sc
 
 
 def test_commands_diff_save_stats_help_and_the_patch_offer(scripted, fake_env, tokenizer, tmp_path):
-    session = scripted([FIX, FINISH])
+    session = scripted([FIX_MEAN, FINISH])
     saved = tmp_path / "out" / "fix.patch"
     lines = ["/help", "/diff", "/stats", "/nope", "/save", "fix it", "/diff", f"/save {saved}", "", "/quit"]
     keys = Keys(["y", "n"])  # y: run the edit; n: do not show the patch at the end

@@ -4,16 +4,14 @@ The engine is a scripted double (no model load); sandboxes are local."""
 
 import json
 import re
-import subprocess
 
 import pytest
 from typer.testing import CliRunner
 
 from kvagent.cli.app import app
 from kvagent.evals.datasets import Instance
-from kvagent.testing import ScriptedEngine
-
-SUBMIT = "Done.\n<function=finish>\n<parameter=command>submit</parameter>\n<parameter=result>ok</parameter>\n</function>"
+from kvagent.testing import CALC_PY, ScriptedEngine, git_repo
+from tests.helpers import SUBMIT
 
 
 @pytest.fixture()
@@ -23,18 +21,10 @@ def mini(tmp_path):
     records = []
     for n in (1, 2):
         iid = f"fixture__calc-{n}"
-        repo = repos / iid
-        repo.mkdir(parents=True)
-        (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-        git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
-        subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-        subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
-        subprocess.run([*git, "commit", "-qm", "base"], cwd=repo, check=True)
-        base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout
         inst = Instance(
             instance_id=iid,
             repo="fixture/calc",
-            base_commit=base.strip(),
+            base_commit=git_repo(repos / iid, {"calc.py": CALC_PY}),
             problem_statement="add() subtracts instead of adding " * (40 * n),
             test_patch="diff --git a/t.py b/t.py\n",
             FAIL_TO_PASS=["t.py::test_add"],

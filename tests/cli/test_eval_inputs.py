@@ -4,7 +4,6 @@ it, and each run directory records its grid."""
 
 import json
 import struct
-import subprocess
 import time
 
 import pytest
@@ -14,9 +13,8 @@ from typer.testing import CliRunner
 from kvagent.cli.app import app
 from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.datasets import Instance
-from kvagent.testing import ScriptedEngine
-
-SUBMIT = "Done.\n<function=finish>\n<parameter=command>submit</parameter>\n<parameter=result>ok</parameter>\n</function>"
+from kvagent.testing import CALC_PY, ScriptedEngine, git_repo
+from tests.helpers import SUBMIT
 
 
 def invoke(args):
@@ -36,13 +34,7 @@ def one_line_error(result, *words):
 @pytest.fixture()
 def mini(tmp_path):
     repos = tmp_path / "repos"
-    repo = repos / "fixture__calc-1"
-    repo.mkdir(parents=True)
-    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], cwd=repo, check=True)
+    git_repo(repos / "fixture__calc-1", {"calc.py": CALC_PY})
     inst = Instance(
         "fixture__calc-1", "fixture/calc", "HEAD", "add() subtracts", "diff --git a/t b/t\n", ["t"], []
     )

@@ -18,22 +18,10 @@ from kvagent.cli.app import app
 from kvagent.cli.inspect import run_inspect
 from kvagent.runtime import CacheConfig
 from kvagent.testing import FakeStats, ScriptedSession
-
-
-def call(name, **params):
-    body = "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in params.items())
-    return f"<function={name}>\n{body}</function>"
-
+from tests.helpers import FIX_MEAN, call
 
 VIEW = "Let me read the module.\n" + call("file_editor", command="view", path="/testbed/calc/__init__.py")
 BAD = "I think the answer is obvious."  # no call: the turn records a call error
-FIX = call(
-    "file_editor",
-    command="str_replace",
-    path="/testbed/calc/__init__.py",
-    old_str="return total / (len(values) + 1)",
-    new_str="return total / len(values)",
-)
 FINISH = call("finish", command="submit", result="Fixed the denominator.")
 
 
@@ -62,7 +50,7 @@ class Engine:
 def trajectory(tmp_path, tokenizer, fake_env):
     path = tmp_path / "runs" / "calc.traj.json"
     result = solve_episode(
-        Engine(tokenizer, [VIEW, BAD, FIX, FINISH]),
+        Engine(tokenizer, [VIEW, BAD, FIX_MEAN, FINISH]),
         fake_env,
         "mean([1, 2, 3]) returns 1.5 instead of 2.",
         cache_config=CacheConfig(policy="random", budget=1024, buffer=64, protect="sink"),

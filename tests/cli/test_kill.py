@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from kvagent.testing import git_repo
+
 KVAGENT = str(Path(sys.executable).with_name("kvagent"))
 TINY = ["--model", "tiny-random-qwen3", "--device", "cpu", "--max-new-tokens", "8"]
 
@@ -20,12 +22,7 @@ TINY = ["--model", "tiny-random-qwen3", "--device", "cpu", "--max-new-tokens", "
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
-    root.mkdir()
-    (root / "calc.py").write_text("def mean(v):\n    return sum(v) / (len(v) + 1)\n")
-    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(root)], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    git_repo(root, {"calc.py": "def mean(v):\n    return sum(v) / (len(v) + 1)\n"})
     return root
 
 

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from kvagent.testing import git_repo
+from tests.helpers import call
+
 KVAGENT = str(Path(sys.executable).with_name("kvagent"))
 TINY = ["--model", "tiny-random-qwen3", "--device", "cpu"]
 # A small cache that still evicts: protect=sink so the budget can sit far below the ~1.2k-token prompt.
@@ -38,12 +41,7 @@ def repo(tmp_path):
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     root = tmp_path / "repo"
-    (root / "calc").mkdir(parents=True)
-    (root / "calc" / "__init__.py").write_text("def mean(v):\n    return sum(v) / (len(v) + 1)\n")
-    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(root)], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    git_repo(root, {"calc/__init__.py": "def mean(v):\n    return sum(v) / (len(v) + 1)\n"})
     return root
 
 
@@ -212,11 +210,6 @@ def test_chat_ctrl_c_stops_the_reply_not_the_chat(terminal, repo):
 
 
 # ----------------------------------------------------------------------------- in-process, scripted model
-def call(name, **params):
-    body = "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in params.items())
-    return f"<function={name}>\n{body}</function>"
-
-
 ECHO = "I will look around first.\n" + call("execute_bash", cmd="echo hello-from-the-sandbox")
 FINISH = call("finish", command="submit", result="done")
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from kvagent.testing import git_repo
+
 KVAGENT = str(Path(sys.executable).with_name("kvagent"))
 SYSTEM = (
     "You are a programming agent.\n\n–– BEGIN FUNCTION #1: execute_bash ––\n  •\tRun a command.\n"
@@ -21,12 +23,7 @@ INSTANCE = "I have uploaded a repository in /testbed.\n\n<github_issue>\n{proble
 
 def test_solve_with_prompt_file_and_r2egym_profile(tmp_path):
     repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    git_repo(repo, {"calc.py": "def add(a, b):\n    return a - b\n"})
     prompts = tmp_path / "edit_non_fn_calling.yaml"
     prompts.write_text(
         yaml.safe_dump({"system_prompt": SYSTEM, "instance_prompt": INSTANCE}, allow_unicode=True)

@@ -20,47 +20,14 @@ from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.datasets import Instance
 from kvagent.evals.distributed import RayExecutor, read_tree, sweep_stale_run_dirs, write_run_files
 from kvagent.evals.runner import RUNS_FILE, EvalRunner, load_records, plan_runs
-
-TEST_PATCH = """diff --git a/test_calc.py b/test_calc.py
-new file mode 100644
---- /dev/null
-+++ b/test_calc.py
-@@ -0,0 +1,4 @@
-+from calc import add
-+
-+def test_add():
-+    assert add(2, 3) == 5
-"""
-
-
-def make_instance(repos: Path, iid: str) -> Instance:
-    repo = repos / iid
-    repo.mkdir(parents=True)
-    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], cwd=repo, check=True)
-    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout
-    return Instance(
-        instance_id=iid,
-        repo="fixture/calc",
-        base_commit=base.strip(),
-        problem_statement="add() subtracts instead of adding",
-        test_patch=TEST_PATCH,
-        FAIL_TO_PASS=["test_calc.py::test_add"],
-        PASS_TO_PASS=[],
-        extra={
-            "log_parser": "parse_log_pytest",
-            "test_cmd": f"{sys.executable} -m pytest -rA -p no:cacheprovider",
-        },
-    )
+from kvagent.testing import calc_record
 
 
 @pytest.fixture()
 def fixture_set(tmp_path):
     repos = tmp_path / "repos"
-    return [make_instance(repos, "fixture__calc-1"), make_instance(repos, "fixture__calc-2")], repos
+    ids = ("fixture__calc-1", "fixture__calc-2")
+    return [Instance.from_record(calc_record(repos, iid, PASS_TO_PASS=[])) for iid in ids], repos
 
 
 # ------------------------------------------------------------------------------------------ no Ray

@@ -6,18 +6,16 @@ only the first run pays for the build (about 20 s, plus about a minute for the b
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from kvagent.cli.environments import grading_sandbox
-from kvagent.errors import KvagentError
 from kvagent.evals.datasets import load_instances
 from kvagent.evals.grading import grade_instance, grade_predictions
 from kvagent.evals.images import BASE_TAG, build_instance_image
-from kvagent.sandbox.docker_backend import docker_client
 from kvagent.sandbox.images import ensure_base_image
+from tests.helpers import require_docker
 
 pytestmark = pytest.mark.slow
 
@@ -37,13 +35,7 @@ new file mode 100644
 
 @pytest.fixture(scope="module")
 def client():
-    try:
-        return docker_client()
-    except KvagentError as e:
-        # In CI Docker is part of the contract: a missing daemon is a failure, not a skip.
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"Docker is required in CI: {e}")
-        pytest.skip(str(e))
+    return require_docker()
 
 
 @pytest.fixture(scope="module")

@@ -4,18 +4,16 @@ empty patch does not, and its FAIL_TO_PASS test fails before the gold patch (abo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from kvagent.cli.environments import check_sandbox
-from kvagent.errors import KvagentError
 from kvagent.evals.check import check_instance, format_report
 from kvagent.evals.datasets import load_instances
 from kvagent.evals.images import BASE_TAG
-from kvagent.sandbox.docker_backend import docker_client
 from kvagent.sandbox.images import ensure_base_image
+from tests.helpers import require_docker
 
 pytestmark = pytest.mark.slow
 
@@ -25,12 +23,7 @@ IID = "django__django-16595"
 
 @pytest.fixture(scope="module")
 def client():
-    try:
-        return docker_client()
-    except KvagentError as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"Docker is required in CI: {e}")
-        pytest.skip(str(e))
+    return require_docker()
 
 
 def test_django_instance_verifies_end_to_end(client, tmp_path):

@@ -11,27 +11,13 @@ from kvagent.cli.environments import local_env, local_grader
 from kvagent.evals.datasets import Instance
 from kvagent.evals.report import write_report
 from kvagent.evals.runner import RUNS_FILE, EvalRunner, load_records, plan_runs
-from kvagent.testing import ScriptedEngine
+from kvagent.testing import ScriptedEngine, calc_record
+from tests.helpers import SUBMIT
 
 FIX = (
     "I will fix the operator.\n<function=execute_bash>\n<parameter=cmd>sed -i '2s/a - b/a + b/' calc.py"
     "</parameter>\n</function>"
 )
-SUBMIT = "Done.\n<function=finish>\n<parameter=command>submit</parameter>\n<parameter=result>ok</parameter>\n</function>"
-
-TEST_PATCH = """diff --git a/test_calc.py b/test_calc.py
-new file mode 100644
---- /dev/null
-+++ b/test_calc.py
-@@ -0,0 +1,7 @@
-+from calc import add, sub
-+
-+def test_add():
-+    assert add(2, 3) == 5
-+
-+def test_sub():
-+    assert sub(5, 3) == 2
-"""
 
 
 class DyingEngine(ScriptedEngine):
@@ -51,32 +37,7 @@ class DyingEngine(ScriptedEngine):
 @pytest.fixture()
 def fixture_instance(tmp_path):
     repos = tmp_path / "repos"
-    repo = repos / "fixture__calc-1"
-    repo.mkdir(parents=True)
-    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n")
-    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], cwd=repo, check=True)
-    base = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True
-    ).stdout.strip()
-    import sys
-
-    inst = Instance(
-        instance_id="fixture__calc-1",
-        repo="fixture/calc",
-        base_commit=base,
-        problem_statement="add() subtracts instead of adding",
-        test_patch=TEST_PATCH,
-        FAIL_TO_PASS=["test_calc.py::test_add"],
-        PASS_TO_PASS=["test_calc.py::test_sub"],
-        extra={
-            "log_parser": "parse_log_pytest",
-            "test_cmd": f"{sys.executable} -m pytest -rA -p no:cacheprovider",
-        },
-    )
-    return inst, repos
+    return Instance.from_record(calc_record(repos, "fixture__calc-1")), repos
 
 
 def make_runner(run_dir, engine, inst, repos):

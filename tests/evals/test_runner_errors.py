@@ -14,9 +14,8 @@ from kvagent.evals.report import write_report
 from kvagent.evals.runner import RUNS_FILE, EvalRunner, load_records, plan_runs
 from kvagent.evals.stats import summarize
 from kvagent.sandbox.errors import SandboxError
-from kvagent.testing import ScriptedEngine
-
-SUBMIT = "Done.\n<function=finish>\n<parameter=command>submit</parameter>\n<parameter=result>ok</parameter>\n</function>"
+from kvagent.testing import CALC_PY, ScriptedEngine, git_repo
+from tests.helpers import SUBMIT
 
 
 @pytest.fixture()
@@ -25,13 +24,7 @@ def checkouts(tmp_path):
     instances = {}
     for n in range(3):
         iid = f"fixture__calc-{n}"
-        repo = repos / iid
-        repo.mkdir(parents=True)
-        (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-        git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
-        subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-        subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
-        subprocess.run([*git, "commit", "-qm", "base"], cwd=repo, check=True)
+        git_repo(repos / iid, {"calc.py": CALC_PY})
         instances[iid] = Instance(
             iid, "fixture/calc", "HEAD", "add() subtracts", "diff --git a/t b/t\n", ["t"], []
         )

@@ -10,6 +10,7 @@ import pytest
 from kvagent.errors import KvagentError
 from kvagent.evals import specs
 from kvagent.evals.datasets import Instance, load_instances
+from kvagent.testing import git_repo
 
 DATA = Path(__file__).parent / "data" / "harness_instances.jsonl"
 
@@ -90,12 +91,7 @@ def test_script_runs_in_bash_and_applies_the_test_patch(tmp_path):
     """The adapted script is valid bash: on a tiny repo it applies the test patch, runs the test
     line between the markers, records its exit code and resets the test file."""
     repo = tmp_path / "repo"
-    (repo / "tests").mkdir(parents=True)
-    (repo / "tests" / "t.txt").write_text("old\n")
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    git_repo(repo, {"tests/t.txt": "old\n"})
     patch = "--- a/tests/t.txt\n+++ b/tests/t.txt\n@@ -1 +1 @@\n-old\n+new\n"
     spec = specs.HarnessSpec(
         "x__y-1",

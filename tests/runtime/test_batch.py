@@ -5,15 +5,16 @@ compacted caches still match the masked-attention oracle."""
 from __future__ import annotations
 
 import gc
-import threading
 
 import pytest
 import torch
 
 from kvagent.errors import ConfigError
 from kvagent.runtime import CacheConfig, Engine, Sampling
-from kvagent.runtime.oracle import check_session_against_oracle, trace
+from kvagent.runtime.oracle import check_session_against_oracle
 from kvagent.runtime.policies import available, make_policy
+
+from .batching import assert_same_logits_and_kept, run_alone, run_together
 
 VOCAB = 512
 TOL = 1e-4
@@ -75,50 +76,10 @@ def configs(policy: str, n_layers: int) -> list[CacheConfig]:
     return out
 
 
-def run_alone(engine, cfgs):
-    results = []
-    for i, cfg in enumerate(cfgs):
-        s = engine.session(cfg)
-        results.append((s, episode(s, i)))
-    return results
-
-
-def run_together(engine, cfgs, traced=True):
-    """One thread per session, all started at once; returns sessions, results, traces."""
-    sessions = [engine.session(cfg) for cfg in cfgs]
-    results, records, errors = [None] * len(cfgs), [None] * len(cfgs), []
-    barrier = threading.Barrier(len(cfgs))
-
-    def drive(i):
-        try:
-            barrier.wait()
-            s = sessions[i]
-            if traced and s.config.mode == "persistent":
-                with trace(s) as rec:
-                    results[i] = episode(s, i)
-                records[i] = rec
-            else:
-                results[i] = episode(s, i)
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=drive, args=(i,)) for i in range(len(cfgs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return sessions, results, records
-
-
 def assert_same(solo_session, solo, batched_session, batched):
     assert batched["ids"] == solo["ids"]
     assert len(batched["logits"]) == len(solo["logits"])
-    for a, b in zip(batched["logits"], solo["logits"], strict=True):
-        torch.testing.assert_close(a, b, atol=TOL, rtol=TOL)
-    for a, b in zip(batched_session.kept_positions(), solo_session.kept_positions(), strict=True):
-        assert torch.equal(a, b)
+    assert_same_logits_and_kept(solo_session, solo["logits"], batched_session, batched["logits"], TOL)
     assert batched_session.stats.rounds == solo_session.stats.rounds
     if solo_session.audit is not None:
         assert [r.kept.tolist() for r in batched_session.audit] == [
@@ -126,26 +87,15 @@ def assert_same(solo_session, solo, batched_session, batched):
         ]
 
 
-@pytest.fixture(scope="module")
-def batch_engines(tiny_engines):
-    engines = {
-        kind: Engine.load(e.model, tokenizer=e.tokenizer, device="cpu", max_batch=8)
-        for kind, e in tiny_engines.items()
-    }
-    yield engines
-    for e in engines.values():
-        e.close()
-
-
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
 @pytest.mark.parametrize("policy", available())
 def test_concurrent_sessions_equal_solo_runs(tiny_engines, batch_engines, kind, policy):
     solo_engine, engine = tiny_engines[kind], batch_engines[kind]
     cfgs = configs(policy, solo_engine.n_layers)
-    alone = run_alone(solo_engine, cfgs)
+    alone = run_alone(solo_engine, cfgs, episode)
     sched = engine.scheduler
     forwards, rows, widest = sched.forwards, sched.rows, sched.widest_run
-    sessions, together, records = run_together(engine, cfgs)
+    sessions, together, records = run_together(engine, cfgs, episode)
     for (s0, r0), s1, r1 in zip(alone, sessions, together, strict=True):
         assert_same(s0, r0, s1, r1)
     if policy != "full":
@@ -163,10 +113,10 @@ def test_batched_decode_run_matches_solo_with_unequal_lengths(tiny_engines, batc
     """Three sessions in one pool, lengths a few entries apart: one masked run per step."""
     solo_engine, engine = tiny_engines["qwen3"], batch_engines["qwen3"]
     cfgs = [CacheConfig(policy="snapkv", budget=40, buffer=16, protect="sink", seed=i) for i in range(3)]
-    alone = run_alone(solo_engine, cfgs)
+    alone = run_alone(solo_engine, cfgs, episode)
     sched = engine.scheduler
     sched.widest_run = 0
-    sessions, together, _ = run_together(engine, cfgs, traced=False)
+    sessions, together, _ = run_together(engine, cfgs, episode, traced=False)
     for (s0, r0), s1, r1 in zip(alone, sessions, together, strict=True):
         assert_same(s0, r0, s1, r1)
     assert sched.widest_run == 3

@@ -4,14 +4,14 @@ mode equals a fresh session fed the history without them; batched equals solo.""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 from kvagent.errors import ConfigError
-from kvagent.runtime import CacheConfig, Engine, Sampling
+from kvagent.runtime import CacheConfig, Sampling
 from kvagent.runtime.oracle import check_session_against_oracle, trace
+
+from .batching import assert_same_logits_and_kept, run_alone, run_together
 
 VOCAB = 512
 TOL = 1e-4
@@ -179,49 +179,20 @@ def batched_configs() -> list[CacheConfig]:
     ]
 
 
-def test_batched_forgetting_sessions_equal_solo_runs(tiny_engines):
-    solo_engine = tiny_engines["qwen3"]
-    engine = Engine.load(solo_engine.model, tokenizer=solo_engine.tokenizer, device="cpu", max_batch=8)
-    try:
-        cfgs = batched_configs()
-        alone = []
-        for i, cfg in enumerate(cfgs):
-            s = solo_engine.session(cfg)
-            alone.append((s, episode(s, seed=i)[0]))
-        sessions = [engine.session(cfg) for cfg in cfgs]
-        results, records, errors = [None] * len(cfgs), [None] * len(cfgs), []
-        barrier = threading.Barrier(len(cfgs))
+def test_batched_forgetting_sessions_equal_solo_runs(tiny_engines, batch_engines):
+    solo_engine, engine = tiny_engines["qwen3"], batch_engines["qwen3"]
+    cfgs = batched_configs()
 
-        def drive(i):
-            try:
-                barrier.wait()
-                s = sessions[i]
-                if s.config.mode == "persistent":
-                    with trace(s) as rec:
-                        results[i] = episode(s, seed=i)[0]
-                    records[i] = rec
-                else:
-                    results[i] = episode(s, seed=i)[0]
-            except BaseException as e:  # reported by the main thread
-                errors.append(e)
+    def run(session, i):
+        return episode(session, seed=i)[0]
 
-        threads = [threading.Thread(target=drive, args=(i,)) for i in range(len(cfgs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        assert sessions[0].cache.slot is not None  # the pooled sessions forgot inside their slot
-        for (s0, r0), s1, r1 in zip(alone, sessions, results, strict=True):
-            for a, b in zip(r0, r1, strict=True):
-                torch.testing.assert_close(a, b, atol=TOL, rtol=TOL)
-            for a, b in zip(s0.kept_positions(), s1.kept_positions(), strict=True):
-                assert torch.equal(a, b)
-            assert s0.stats.forgotten == s1.stats.forgotten
-        for s, rec in zip(sessions, records, strict=True):
-            if rec is not None:
-                assert check_session_against_oracle(s, rec) < TOL
-        assert engine.scheduler.rows > engine.scheduler.forwards  # forwards were really shared
-    finally:
-        engine.close()
+    alone = run_alone(solo_engine, cfgs, run)
+    sessions, results, records = run_together(engine, cfgs, run)
+    assert sessions[0].cache.slot is not None  # the pooled sessions forgot inside their slot
+    for (s0, r0), s1, r1 in zip(alone, sessions, results, strict=True):
+        assert_same_logits_and_kept(s0, r0, s1, r1, TOL)
+        assert s0.stats.forgotten == s1.stats.forgotten
+    for s, rec in zip(sessions, records, strict=True):
+        if rec is not None:
+            assert check_session_against_oracle(s, rec) < TOL
+    assert engine.scheduler.rows > engine.scheduler.forwards  # forwards were really shared

@@ -4,14 +4,14 @@ full attention with exactly the evicted entries masked out, in both modes and wh
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 from kvagent.errors import ConfigError
-from kvagent.runtime import CacheConfig, Engine
+from kvagent.runtime import CacheConfig
 from kvagent.runtime.oracle import ForwardRecord, check_session_against_oracle, random_episode, trace
+
+from .batching import assert_same_logits_and_kept, run_alone, run_together
 
 VOCAB = 512
 TOL = 1e-4
@@ -132,9 +132,8 @@ def test_head_budget_is_validated():
     CacheConfig(policy="full", head_budget="adaptive")  # nothing to allocate: accepted
 
 
-def test_adaptive_sessions_batched_with_others_equal_solo(tiny_engines):
-    solo_engine = tiny_engines["llama"]
-    engine = Engine.load(solo_engine.model, tokenizer=solo_engine.tokenizer, device="cpu", max_batch=8)
+def test_adaptive_sessions_batched_with_others_equal_solo(tiny_engines, batch_engines):
+    solo_engine, engine = tiny_engines["llama"], batch_engines["llama"]
     cfgs = [
         config("snapkv", seed=0),
         config("h2o", seed=1, mode="reprefill"),
@@ -151,36 +150,13 @@ def test_adaptive_sessions_batched_with_others_equal_solo(tiny_engines):
             out.append(session.append(torch.randint(0, VOCAB, (30,), generator=g).tolist(), all_logits=True))
         return out
 
-    try:
-        alone = [(s, run(s, i)) for i, s in enumerate(solo_engine.session(c) for c in cfgs)]
-        sessions = [engine.session(c) for c in cfgs]
-        results, errors = [None] * len(cfgs), []
-        barrier = threading.Barrier(len(cfgs))
-
-        def drive(i):
-            try:
-                barrier.wait()
-                results[i] = run(sessions[i], i)
-            except BaseException as e:  # reported by the main thread
-                errors.append(e)
-
-        threads = [threading.Thread(target=drive, args=(i,)) for i in range(len(cfgs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        assert sessions[0]._slot is None and sessions[2]._slot is not None
-        for (s0, r0), s1, r1 in zip(alone, sessions, results, strict=True):
-            for a, b in zip(r0, r1, strict=True):
-                torch.testing.assert_close(a, b, atol=TOL, rtol=TOL)
-            for a, b in zip(s0.kept_positions(), s1.kept_positions(), strict=True):
-                assert torch.equal(a, b)
-        assert sessions[0].stats.rounds > 1
-        assert engine.scheduler.rows > engine.scheduler.forwards
-    finally:
-        engine.close()
+    alone = run_alone(solo_engine, cfgs, run)
+    sessions, results, _ = run_together(engine, cfgs, run, traced=False)
+    assert sessions[0]._slot is None and sessions[2]._slot is not None
+    for (s0, r0), s1, r1 in zip(alone, sessions, results, strict=True):
+        assert_same_logits_and_kept(s0, r0, s1, r1, TOL)
+    assert sessions[0].stats.rounds > 1
+    assert engine.scheduler.rows > engine.scheduler.forwards
 
 
 def test_cli_threads_head_budget_into_the_cache_config():

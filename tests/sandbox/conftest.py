@@ -1,7 +1,5 @@
-"""Shared fixtures: a small git repository, the base image, and sandboxes per backend.
-
-Docker tests skip with a reason when Docker is unreachable, except under CI=true where they fail.
-"""
+"""Shared fixtures: a small git repository and sandboxes per backend (the base image, and the skip when
+Docker is unreachable, come from tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ import pytest
 
 from kvagent.sandbox import open_sandbox
 
-IMAGE = "kvagent/base:bookworm"
 BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.slow)]
 
 A_PY = """def add(a, b):
@@ -53,26 +50,6 @@ def make_repo(root: Path, files: dict[str, str] = FILES, git: bool = True) -> Pa
         for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "base"]):
             subprocess.run(cmd, cwd=root, check=True, env=env)
     return root
-
-
-def require_docker() -> None:
-    from kvagent.sandbox.docker_backend import docker_client
-    from kvagent.sandbox.errors import DockerUnavailableError
-
-    try:
-        docker_client()
-    except DockerUnavailableError as e:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but Docker is unreachable: {e}")
-        pytest.skip(f"Docker is unreachable ({e}); start dockerd to run Docker sandbox tests")
-
-
-@pytest.fixture(scope="session")
-def base_image() -> str:
-    require_docker()
-    from kvagent.sandbox import ensure_base_image
-
-    return ensure_base_image(IMAGE)
 
 
 @pytest.fixture
