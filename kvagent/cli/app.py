@@ -56,6 +56,30 @@ app = typer.Typer(
 app.add_typer(images_app, name="images")
 app.add_typer(bench_app, name="bench")
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"kvagent {version('kvagent')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            from kvagent import __version__
+
+            typer.echo(f"kvagent {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
+) -> None:
+    """Coding agents over one live, evictable KV cache: solve, evaluate and benchmark eviction policies."""
+
+
 Isolation = Annotated[
     str,
     typer.Option(
@@ -178,11 +202,14 @@ def _grid_file(ctx: typer.Context, value: str | None) -> str | None:
     """`eval --config FILE`: the grid file's settings become the defaults of eval's options, so a flag
     given explicitly overrides its key (read first: the option is eager)."""
     if value:
-        from kvagent.cli.eval import grid_defaults
+        import typing
+
+        from kvagent.cli.eval import grid_defaults, typed_grid
         from kvagent.errors import KvagentError
 
         try:
             grid = grid_defaults(value, [p.name for p in ctx.command.params if p.name])
+            grid = typed_grid(value, grid, typing.get_type_hints(eval_))
         except KvagentError as e:
             fail(str(e))
         ctx.default_map = {**(ctx.default_map or {}), **grid}
@@ -244,7 +271,7 @@ def eval_(
         str | None,
         typer.Option(
             help="Run on a Ray cluster: `auto` (the one on this machine, else a new one) or "
-            "its ADDRESS (host:port); needs kvagent[ray]. See docs/scale.md."
+            "its ADDRESS (host:port); needs kvagent\\[ray]. See docs/scale.md."
         ),
     ] = None,
     engines: Annotated[

@@ -21,7 +21,10 @@ from kvagent.cli.params import (
     user_errors,
 )
 
-bench_app = typer.Typer(help="Fidelity and speed benchmarks of eviction policies.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks of eviction policies: fidelity to the full cache, the policy study, speed and memory.",
+    no_args_is_help=True,
+)
 
 
 @bench_app.command("fidelity")
@@ -48,7 +51,10 @@ def bench_fidelity(
     seed: Annotated[int, typer.Option(help="Session seed (random draws of the policies).")] = 0,
     policy_arg: PolicyArg = None,
     max_tokens: Annotated[
-        int | None, typer.Option(help="Cut each episode to at most this many tokens (whole turns).")
+        int | None,
+        typer.Option(
+            help="Cut each episode to at most this many tokens (whole turns). Default: whole episodes."
+        ),
     ] = None,
     quiet: Quiet = False,
     device: Device = "auto",
@@ -100,11 +106,20 @@ def bench_study(
         int | None, typer.Option(help="Cut each episode to at most this many tokens (whole turns).")
     ] = 4096,
     clip_chars: Annotated[
-        int | None, typer.Option(help="Cut each message longer than this to its head and tail (chars).")
+        int | None,
+        typer.Option(
+            help="Cut each message longer than this many characters to its head and tail. Default: no cut."
+        ),
     ] = None,
-    workers: Annotated[
-        int, typer.Option(help="Runs at once, forwards batched (max_batch); > 1 skips the fact probe.")
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            help="Runs at once over one engine, forwards batched (max_batch); > 1 skips the fact probe."
+        ),
     ] = 1,
+    workers: Annotated[
+        int | None, typer.Option(hidden=True, help="Deprecated name of --concurrency.")
+    ] = None,
     estimate_only: Annotated[
         bool, typer.Option("--estimate-only", help="Print the estimate and stop.")
     ] = False,
@@ -119,11 +134,15 @@ def bench_study(
     a verdict on each seed paper's claim (see docs/study.md)."""
     from kvagent.cli.bench import run_study_bench
 
+    if workers is not None:  # the name `eval` calls --concurrency
+        typer.echo("kvagent: --workers is deprecated; use --concurrency", err=True)
+        concurrency = workers
+
     run_study_bench(
         model=model, policies=policies, modes=modes, budgets=budgets, seeds=seeds,
         ablation_budget=ablation_budget, ablation_protect=ablation_protect,
         ablation_policies=ablation_policies, episodes=episodes, out=out, buffer=buffer, window=window,
-        bucket=bucket, policy_arg=policy_arg, max_tokens=max_tokens, clip_chars=clip_chars, workers=workers,
+        bucket=bucket, policy_arg=policy_arg, max_tokens=max_tokens, clip_chars=clip_chars, workers=concurrency,
         estimate_only=estimate_only, report_only=report_only, quiet=quiet, device=device, dtype=dtype,
     )  # fmt: skip
 
@@ -145,7 +164,7 @@ def bench_speed(
         int, typer.Option(help="Decode steps timed at each length (>= r, so rounds are included).")
     ] = 256,
     episode: Annotated[
-        str, typer.Option(help="Episode spec for persistent vs reprefill cost.")
+        str, typer.Option(help="Episode source, as for `bench fidelity`, for persistent vs reprefill cost.")
     ] = "gen:seed=0,turns=32",
     device: Device = "auto",
     dtype: Dtype = "auto",

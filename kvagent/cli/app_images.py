@@ -12,26 +12,34 @@ from kvagent.cli.params import (
     user_errors,
 )
 
-images_app = typer.Typer(help="Build sandbox images without any registry.", no_args_is_help=True)
+images_app = typer.Typer(help="Build and check sandbox images without any registry.", no_args_is_help=True)
 
 
 @images_app.command("base")
 @user_errors
 def images_base(
     tag: Annotated[str, typer.Option(help="Image tag.")] = "kvagent/base:bookworm",
-    force: Annotated[bool, typer.Option(help="Rebuild even if the tag exists.")] = False,
+    rebuild: Annotated[bool, typer.Option(help="Rebuild even if the tag exists.")] = False,
+    force: Annotated[bool, typer.Option("--force", hidden=True, help="Old name of --rebuild.")] = False,
     suite: Annotated[str, typer.Option(help="Debian suite for debootstrap.")] = "bookworm",
 ) -> None:
     """Build the registry-free base image (debootstrap + docker import)."""
     from kvagent.cli.images import run_images_base
 
-    run_images_base(tag=tag, force=force, suite=suite)
+    # --rebuild, as `images build` and `images check` spell it; --force still works.
+    run_images_base(tag=tag, force=rebuild or force, suite=suite)
 
 
 @images_app.command("build")
 @user_errors
 def images_build(
-    instances: Annotated[str, typer.Option(help="Instance ids (comma list) or a selection (re:..., 0:3).")],
+    instances: Annotated[
+        str,
+        typer.Option(
+            help="Instance ids (comma list) or a selection (re:REGEX, 0:3, repo:owner/name): of --dataset, "
+            "else of the shipped recipes' ids."
+        ),
+    ],
     dataset: Annotated[
         str | None, typer.Option(help="Dataset holding the instances (default: the shipped recipes' ids).")
     ] = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvagent.cli.common import load_engine
+from kvagent.cli.common import check_out_dir, load_engine, resume_hint
 from kvagent.errors import ConfigError
 from kvagent.options import parse_budgets, parse_policy_args, split_list
 
@@ -17,6 +17,46 @@ def local_sandbox(repo: Path):
     return open_sandbox("local", repo=repo)
 
 
+def study_fraction(text: str, option: str) -> float:
+    """One of the study's budgets: a fraction in (0,1) of each episode's tokens."""
+    from kvagent.options import parse_budget
+
+    b = parse_budget(text, option)
+    if not isinstance(b, float):
+        raise ConfigError(
+            f"{option}: {text.strip()} is not a fraction; the study's budgets are fractions in (0,1) of each "
+            "episode's tokens, e.g. 0.2"
+        )
+    if not 0 < b < 1:
+        raise ConfigError(f"{option}: {text.strip()} is outside (0,1); e.g. 0.2")
+    return b
+
+
+def protect_list(text: str, option: str) -> list[str]:
+    from kvagent.runtime.config import PROTECT
+
+    items = split_list(text, option)
+    for p in items:
+        if p not in PROTECT:
+            raise ConfigError(f"{option}: got {p!r}; choose from {', '.join(PROTECT)}")
+    return items
+
+
+def check_some_setting_runs(engine, streams, grid) -> None:
+    """Settings whose budget cannot hold an episode's protected prompt are skipped (and listed); when
+    that is every evicting one, nothing would be compared, so fail before the reference replays."""
+    from kvagent.bench.fidelity import check_setting
+
+    pairs = [(st, spec) for st in streams for spec in grid if spec.policy != "full"]
+    problems = [(st, spec, check_setting(engine, spec, st)) for st, spec in pairs]
+    if problems and all(why for _, _, why in problems):
+        st, spec, why = problems[0]
+        raise ConfigError(
+            f"budgets: all {len(problems)} evicting settings would be skipped, e.g. {spec.label} on {st.name}: "
+            f"{why.replace('--budget ', '--budgets ')}"
+        )
+
+
 def run_fidelity_bench(
     *, model, policies, modes, budgets, scopes, protect, episodes, out, buffer, window, seed, policy_arg,
     max_tokens, quiet, device="auto", dtype="auto",
@@ -24,7 +64,7 @@ def run_fidelity_bench(
     from kvagent.bench.fidelity import make_grid, run_fidelity
     from kvagent.bench.sources import load_episodes
     from kvagent.bench.stream import build_stream
-    from kvagent.cli.ui import Bars
+    from kvagent.cli.ui import Bars, print_markdown
 
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"max-tokens: must be >= 1, got {max_tokens}")
@@ -40,12 +80,14 @@ def run_fidelity_bench(
         seed=seed,
         policy_args=parse_policy_args(policy_arg, names),
     )
+    check_out_dir(out)
     eps = load_episodes(list(episodes), open_env=local_sandbox)
     engine = load_engine(model, device=device, dtype=dtype)
     streams = [build_stream(e, engine.tokenizer, max_tokens=max_tokens) for e in eps]
-    with Bars(enabled=not quiet) as bars:
+    check_some_setting_runs(engine, streams, grid)
+    with resume_hint(out), Bars(enabled=not quiet) as bars:
         records = run_fidelity(engine, streams, grid, Path(out), model, progress=bars)
-    print((Path(out) / "fidelity.md").read_text(encoding="utf-8"))
+    print_markdown((Path(out) / "fidelity.md").read_text(encoding="utf-8"))
     print(f"wrote {Path(out) / 'fidelity.json'}, fidelity.md, fidelity.png")
     return records
 
@@ -56,7 +98,7 @@ def run_speed_bench(
     from kvagent.bench.sources import load_episodes
     from kvagent.bench.speed import run_speed, speed_config
     from kvagent.bench.stream import build_stream
-    from kvagent.cli.ui import Bars
+    from kvagent.cli.ui import Bars, print_markdown
     from kvagent.runspec import sweep
 
     pols = split_list(policies, "policies")
@@ -70,6 +112,7 @@ def run_speed_bench(
         raise ConfigError(f"device: got {device!r}; use auto, cpu or cuda")
     args = parse_policy_args(policy_arg, pols)
     sweep(pols, ["persistent"], [budget], buffer=buffer, policy_args=args)  # names and options
+    check_out_dir(out)
     ep = load_episodes([episode], open_env=local_sandbox)[0]
     engine = load_engine(model, device=device, dtype=dtype)
     for p in pols:  # the budget suits each policy (its block) and the model (its context)
@@ -78,7 +121,7 @@ def run_speed_bench(
     with Bars(enabled=not quiet) as bars:
         result = run_speed(engine, model, pols, lens, budget, buffer, steps, stream, out, args, progress=bars)
     outp = Path(out)
-    print((outp / "speed.md").read_text(encoding="utf-8"))
+    print_markdown((outp / "speed.md").read_text(encoding="utf-8"))
     print(f"wrote {outp / 'speed.json'}, speed.md, speed.png")
     return result
 
@@ -99,22 +142,25 @@ def run_study_bench(
     from kvagent.bench.study_plots import plot_study
     from kvagent.bench.study_report import write_report
     from kvagent.cli.common import parse_seeds
-    from kvagent.cli.ui import Bars
-    from kvagent.options import parse_budget
+    from kvagent.cli.ui import Bars, print_markdown
     from kvagent.runtime.policies import available
 
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"max-tokens: must be >= 1, got {max_tokens}")
+    if clip_chars is not None and clip_chars < 1:
+        raise ConfigError(
+            f"clip-chars: must be >= 1 character, got {clip_chars}; leave it out to keep messages whole"
+        )
     if workers < 1:
-        raise ConfigError(f"workers: must be >= 1, got {workers}")
+        raise ConfigError(f"concurrency: must be >= 1, got {workers}")
     names = list(available()) if policies == "all" else split_list(policies, "policies")
     plan = StudyPlan(
         policies=tuple(names),
         modes=tuple(split_list(modes, "modes")),
-        fractions=tuple(float(b) for b in parse_budgets(budgets)),
+        fractions=tuple(study_fraction(b, "budgets") for b in split_list(budgets, "budgets")),
         seeds=tuple(parse_seeds(seeds)),
-        ablation_fraction=float(parse_budget(ablation_budget, "ablation-budget") or 0),
-        ablation_protects=tuple(split_list(ablation_protect, "ablation-protect")),
+        ablation_fraction=study_fraction(ablation_budget, "ablation-budget"),
+        ablation_protects=tuple(protect_list(ablation_protect, "ablation-protect")),
         ablation_policies=None if ablation_policies == "all" else tuple(split_list(ablation_policies, "ablation-policies")),
         buffer=buffer,
         window=window,
@@ -134,6 +180,7 @@ def run_study_bench(
     command = "kvagent bench study " + " ".join(
         f"--{k} {shlex.quote(str(v))}" for k, v in opts if v is not None
     )
+    check_out_dir(out)
     if not report_only:
         eps = load_episodes(list(episodes), open_env=local_sandbox)
         if clip_chars:
@@ -152,7 +199,7 @@ def run_study_bench(
         if estimate_only:
             return None
         try:
-            with Bars(enabled=not quiet) as bars:
+            with resume_hint(out), Bars(enabled=not quiet) as bars:
                 records = run_study(
                     engine, streams, plan, outp, model, progress=bars, workers=workers, refs=refs
                 )
@@ -169,6 +216,6 @@ def run_study_bench(
     result = analyse(records, plan)
     plots = [p.name for p in plot_study(result, outp)]
     path = write_report(result, outp, command=command, plots=plots)
-    print(path.read_text(encoding="utf-8"))
+    print_markdown(path.read_text(encoding="utf-8"))
     print(f"wrote {path}, study.json, {', '.join(plots)} (raw runs: {outp / 'fidelity.json'})")
     return result

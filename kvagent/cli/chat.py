@@ -360,7 +360,8 @@ def run_chat(
                 f"working on a copy of {spec['repo']} (your checkout is never edited) | "
                 f"{RunSpec.of(cfg).label} | approval: {approval}",
                 style="dim",
-            )
+            ),
+            soft_wrap=True,  # the whole path, to copy
         )
         chat = ChatSession(
             session,

@@ -63,7 +63,7 @@ def run_clean(*, docker: bool = True, console: Console | None = None) -> dict[st
         try:
             client = docker_client()
         except DockerUnavailableError as e:
-            console.print(f"containers: not checked ({e}); pass --no-docker to skip them")
+            console.print(f"containers: not checked ({e}); pass --no-docker to skip them", soft_wrap=True)
         if client is not None:
             containers = owner.sweep_containers(client, ownerless_after=OWNERLESS_AFTER_S)
     for path in dirs:

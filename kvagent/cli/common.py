@@ -1,13 +1,68 @@
 """What every command assembles the same way: the engine, a cache config and an agent config from the
-shared options."""
+shared options, and the output directories, checked before anything slow starts."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from kvagent.errors import ConfigError
 from kvagent.options import parse_budget, parse_policy_args, split_list
+
+
+def _dir_problem(target: Path) -> str | None:
+    """Why `target` cannot be (made and) written as a directory; None if it can."""
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return (
+            f"{target} is a file"
+            if existing == target
+            else f"{existing} is a file, so {target} cannot be made"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def check_out_dir(path: str | os.PathLike[str], option: str = "out") -> Path:
+    """The directory a command will write to: a file in the way or a place that cannot be written
+    fails as one line now, before the model loads, not when the first result is saved. Nothing is
+    made here (a run that fails its later checks leaves no empty directory)."""
+    target = Path(path).expanduser()
+    problem = _dir_problem(target)
+    if problem:
+        raise ConfigError(f"{option}: {problem}; pass a directory you can write to (made if missing)")
+    return target
+
+
+def check_out_file(path: str | os.PathLike[str], option: str) -> Path:
+    """A file a command will write, checked like `check_out_dir` (its directory may be missing)."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ConfigError(
+            f"{option}: {path} is a directory; pass a file name, e.g. {Path(path) / 'out.html'}"
+        )
+    problem = _dir_problem(target.parent)
+    if problem:
+        raise ConfigError(f"{option}: cannot write {path}: {problem}; pass a path you can write to")
+    return target
+
+
+@contextlib.contextmanager
+def resume_hint(out: str | os.PathLike[str]) -> Iterator[None]:
+    """On Ctrl-C in a resumable benchmark: say where its finished runs are and how to go on."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        import sys
+
+        print(f"kvagent: finished runs are kept in {out}; rerun the same command to resume", file=sys.stderr)
+        raise
 
 
 def load_engine(model: str, device: str = "auto", dtype: str = "auto", max_batch: int = 1) -> Any:
@@ -19,6 +74,10 @@ def load_engine(model: str, device: str = "auto", dtype: str = "auto", max_batch
     from kvagent.runtime import Engine
     from kvagent.runtime.engine import resolve_device
 
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device: {device} asked for, but CUDA is not available here; use --device cpu or auto"
+        )
     resolve_device(device)  # a bad --device fails before the model is read
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         # A shared CPU: more threads than cores only adds contention.
@@ -30,27 +89,54 @@ def cache_config(
     *, policy: str, budget: str | None, buffer: int, mode: str, scope: str, protect: str, window: int,
     seed: int, policy_arg: Sequence[str] | None, head_budget: str = "uniform",
 ) -> Any:  # fmt: skip
-    """The CacheConfig of a one-run command (solve, chat) from its shared cache options."""
+    """The CacheConfig of a one-run command (solve, chat) from its shared cache options; a policy
+    without a budget (or a budget without a policy) and unknown policy options fail here, before the
+    model loads."""
     from kvagent.runtime import CacheConfig
+    from kvagent.runtime.policies import make_policy
 
-    return CacheConfig(
+    k = parse_budget(budget)
+    if isinstance(k, int) and k < 1:
+        raise ConfigError(
+            f"budget: must be >= 1 token, got {k}; pass tokens (1024), a fraction (0.2), or no --budget "
+            "for the full cache"
+        )
+    args = parse_policy_args(policy_arg, [policy]).get(policy, {})
+    config = CacheConfig(
         policy=policy,
-        budget=parse_budget(budget),
+        budget=k,
         buffer=buffer,
         mode=mode,
         scope=scope,
         protect=protect,
         window=window,
         seed=seed,
-        policy_args=parse_policy_args(policy_arg, [policy]).get(policy, {}),
+        policy_args=args,
         head_budget=head_budget,
     )
+    if policy != "full" and k is None:
+        raise ConfigError(
+            f"budget: --policy {policy} evicts only under a budget; add --budget K (e.g. --budget 1024) or a "
+            "fraction (--budget 0.2), or use --policy full"
+        )
+    if policy == "full" and k is not None:
+        raise ConfigError(
+            f"budget: --policy full never evicts, so --budget {budget} would do nothing; pick an evicting "
+            "policy (e.g. --policy snapkv) or drop --budget"
+        )
+    if args:
+        make_policy(policy, **args)  # unknown options and bad values, before the model loads
+    return config
 
 
 def agent_config(**options: Any) -> Any:
+    """The AgentConfig of the agent options; the sampling settings (temperature ...) are checked now,
+    not at the first reply."""
     from kvagent.agent.config import AgentConfig
 
-    return AgentConfig(**options)
+    config = AgentConfig(**options)
+    config.sampling()
+    return config
 
 
 def parse_seeds(text: str) -> list[int]:

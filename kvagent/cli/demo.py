@@ -23,13 +23,21 @@ def run_demo(
     dtype: str = "auto",
 ) -> list[dict]:
     from kvagent.bench.fidelity import make_grid, run_fidelity
-    from kvagent.bench.generator import generate_episode
+    from kvagent.bench.generator import MIN_TURNS, generate_episode
     from kvagent.bench.stream import build_stream
     from kvagent.cli.bench import local_sandbox
-    from kvagent.cli.common import load_engine
+    from kvagent.cli.common import check_out_dir, load_engine, resume_hint
     from kvagent.cli.ui import Bars
-    from kvagent.runtime.budget import check_prompt_fits
+    from kvagent.errors import ConfigError
+    from kvagent.runtime.budget import prompt_fit_problem, roomy_budget
 
+    if budget < 1:
+        raise ConfigError(f"budget: must be >= 1 token, got {budget}; e.g. --budget 512")
+    if turns < MIN_TURNS:
+        raise ConfigError(
+            f"turns: {turns} is too short for the generated episode; use --turns {MIN_TURNS} or more"
+        )
+    check_out_dir(out)
     grid = make_grid(list(policies), ["persistent", "reprefill"], ["prefill+decode"], [budget], ["prompt"])
     t0 = time.perf_counter()
     print(
@@ -43,13 +51,17 @@ def run_demo(
     for spec in grid:  # the budget suits each policy (its block) and holds the protected prompt
         config = spec.cache_config()
         engine.session(config)
-        check_prompt_fits(config, stream.prompt_length, engine.n_layers)
+        if prompt_fit_problem(config, stream.prompt_length, engine.n_layers):  # the demo has no --protect
+            raise ConfigError(
+                f"budget: K={budget} cannot hold the episode's protected prompt ({stream.prompt_length} "
+                f"tokens), so nothing could be evicted; use --budget {roomy_budget(stream.prompt_length)} or more"
+            )
     print(
         f"episode {stream.name}: {len(stream.ids)} tokens, {stream.n_turns} assistant turns "
         f"({stream.n_scored} scored tokens), prompt {stream.prompt_length}; budget K={budget}, r=128",
         flush=True,
     )
-    with Bars(enabled=progress) as bars:
+    with resume_hint(out), Bars(enabled=progress) as bars:
         records = run_fidelity(engine, [stream], grid, Path(out), model, progress=bars)
     _print_table(records)
     print(

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from kvagent.cli.common import agent_config, load_engine, parse_seeds
+from kvagent.cli.common import agent_config, check_out_dir, load_engine, parse_seeds
 from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.datasets import Instance
 from kvagent.evals.runner import EvalRun, EvalRunner, load_records, plan_runs
@@ -139,6 +139,38 @@ def grid_defaults(path: str, options: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+
+
+def typed_grid(path: str, settings: Mapping[str, Any], types: Mapping[str, Any]) -> dict[str, Any]:
+    """A grid file's values checked against eval's option types (`types`: the command's type hints),
+    so a wrong kind names the file and its key, not a --flag the user never typed; numbers given
+    for text options become text."""
+    import types as pytypes
+    import typing
+
+    out = {}
+    for key, value in settings.items():
+        hint = types.get(key)
+        args = typing.get_args(hint) if isinstance(hint, pytypes.UnionType) else ()
+        optional = type(None) in args
+        base = next((a for a in args if a is not type(None)), None) if args else hint
+        if value is None:
+            if not optional:
+                raise ConfigError(f"config: {path}: {key} needs a value ({_KINDS.get(base, 'a value')})")
+        elif base in _KINDS and base is not str:
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            ok = {bool: isinstance(value, bool), int: number and isinstance(value, int), float: number}[base]
+            if not ok:
+                raise ConfigError(f"config: {path}: {key} must be {_KINDS[base]}, got {value!r}")
+        elif base is str:
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                raise ConfigError(f"config: {path}: {key} must be {_KINDS[str]}, got {value!r}")
+            value = str(value)
+        out[key] = value
+    return out
+
+
 def _policy_arg_items(value: Any, path: str) -> list[str]:
     if isinstance(value, str):
         return [value]
@@ -210,25 +242,27 @@ def run_eval(
     console = console or Console(stderr=True)
     if workers is not None:
         sweep["concurrency"] = workers
+    if env not in ("docker", "local"):  # before the plan: a typo here should not cost a dataset load
+        raise KvagentError(f"env: got {env!r}; choose docker or local")
+    if env == "local" and not repos:
+        raise KvagentError("eval: --env local needs --repos DIR holding one checkout per instance id")
+    environments.check_isolation(isolation)
     plan = plan_eval(console=console, **sweep)
     agent_cfg, selected, runs, run_dir, done, left = (
         plan.agent_config, plan.selected, plan.runs, plan.run_dir, plan.done, plan.left
     )  # fmt: skip
     concurrency = plan.concurrency
     if env == "local":
-        if not repos:
-            raise KvagentError("eval: --env local needs --repos DIR holding one checkout per instance id")
         open_env = environments.local_env(Path(repos), isolation)
         grader = environments.local_grader(Path(repos), isolation)
         for inst in selected:
             environments.local_repo(Path(repos), inst)
         workdir = local_workdir()
-    elif env == "docker":
+    else:
         open_env, grader = environments.docker_env, environments.docker_grader
         workdir = "/testbed"
-    else:
-        raise KvagentError(f"env: got {env!r}; choose docker or local")
     if left:
+        check_out_dir(run_dir)
         by_id = {i.instance_id: i for i in selected}
         if env == "docker":
             check_images([by_id[iid] for iid in dict.fromkeys(r.instance_id for r in left)])
@@ -258,6 +292,11 @@ def run_eval(
         try:
             with table.live if stream is None else contextlib.nullcontext():
                 records = runner.run(runs)
+        except KeyboardInterrupt:
+            kept = sum(r.run_id in load_records(run_dir) for r in runs)
+            console.print(f"{kept} of {len(runs)} runs are saved in {run_dir}; rerun the same command to "
+                          "resume the rest", soft_wrap=True)  # fmt: skip
+            raise
         finally:
             close = getattr(engine, "close", None)
             if close is not None:

@@ -205,6 +205,7 @@ def run_eval_ray(
 ) -> dict[str, Any]:
     """`kvagent eval`'s planning, checks, records and report (kvagent.cli.eval), its episodes on Ray.
     `sweep`: `plan_eval`'s settings (dataset ... out, concurrency)."""
+    from kvagent.cli.common import check_out_dir
     from kvagent.cli.eval import finish_eval, plan_eval, write_grid
     from kvagent.evals.distributed import RayExecutor
 
@@ -222,6 +223,7 @@ def run_eval_ray(
     concurrency = plan.concurrency
     records: list[dict[str, Any]] = []
     if left:
+        check_out_dir(run_dir)  # a file in the way fails before Ray starts
         by_id = {i.instance_id: i for i in selected}
         ray, connected = init_ray(ray_address)
         try:

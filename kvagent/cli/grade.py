@@ -27,9 +27,18 @@ def run_grade(
     if timeout < 1:
         raise ConfigError(f"timeout: must be >= 1 second per instance, got {timeout}")
     if predictions != "gold":
+        from pathlib import Path
+
         from kvagent.evals.grading import load_predictions
 
+        if Path(predictions).is_dir():  # e.g. an eval run's predictions/, one file per configuration
+            files = sorted(str(p) for p in Path(predictions).glob("*.json*"))
+            hint = f"; e.g. {files[0]}" if files else ""
+            raise ConfigError(f"predictions: {predictions} is a directory; pass one predictions file{hint}")
         load_predictions(predictions)  # a bad file fails now, before any sandbox or harness starts
+    from kvagent.cli.common import check_out_dir
+
+    check_out_dir(out)
     if harness == "official":
         if recipes:
             raise ConfigError("recipes: the official harness builds its own images; drop --recipes")
@@ -40,11 +49,13 @@ def run_grade(
             raise KvagentError(f"the swebench harness exited with {rc}; its logs are under {out}")
         return None
     from kvagent.cli.environments import grading_sandbox
+    from kvagent.evals.datasets import load_instances
     from kvagent.evals.grading import grade_predictions
     from kvagent.evals.recipe import load_recipes
     from kvagent.sandbox.docker_backend import docker_client
 
     recipe_map = load_recipes(recipes or ())
+    load_instances(dataset, split=split, select=instances)  # a missing dataset or id, before Docker
     docker_client()  # a clear error now rather than one per instance
 
     report = grade_predictions(

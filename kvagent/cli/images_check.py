@@ -21,12 +21,17 @@ def run_images_check(
     when any instance is not verified, so scripts can gate on it."""
     import typer
 
+    from kvagent.cli.common import check_out_dir
     from kvagent.cli.environments import check_sandbox
+    from kvagent.errors import ConfigError
     from kvagent.evals.check import check_instances, format_report
     from kvagent.evals.datasets import load_instances
     from kvagent.evals.recipe import load_recipes
     from kvagent.fileio import atomic_write_json
 
+    if timeout < 1:
+        raise ConfigError(f"timeout: must be >= 1 second per test run, got {timeout}")
+    check_out_dir(out)  # before the builds and test runs, not after them
     recipe_map = load_recipes(recipes or ())
     targets = load_instances(dataset, split=split, select=instances)
     reports = check_instances(

@@ -130,6 +130,10 @@ def run_inspect(
     html: str | None = None,
     console: Console | None = None,
 ) -> list[tuple[Path, dict[str, Any]]]:
+    if html:
+        from kvagent.cli.common import check_out_file
+
+        check_out_file(html, "html")  # before the episode is shown, not after
     episodes = load_episodes(path)
     console = console or Console()
     if len(episodes) == 1:

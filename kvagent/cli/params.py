@@ -3,6 +3,8 @@ syntax), declared once as typer types, and the one-line error handling of every 
 
 from __future__ import annotations
 
+import errno
+import re
 from collections.abc import Callable
 from functools import wraps
 from typing import Annotated, Any
@@ -15,12 +17,27 @@ BENCH_MODEL = "smollm2"  # demo, bench: the bundled small model
 
 def fail(message: str, code: int = 2) -> None:
     """Print one line to stderr and exit non-zero."""
-    typer.echo(f"kvagent: error: {message}", err=True)
+    typer.echo(f"kvagent: error: {cli_spelling(message)}", err=True)
     raise typer.Exit(code)
 
 
+# A message's leading field as the layers below spell it (max_steps:, policy_args.kernel:). Run labels
+# and instance ids hold a double underscore, so they never match.
+_FIELD = re.compile(r"^([a-z]+(?:_[a-z]+)+)([.:])")
+
+
+def cli_spelling(message: str) -> str:
+    """The leading field of an error message spelled as the option the user typed (--max-steps)."""
+    m = _FIELD.match(message)
+    if not m:
+        return message
+    name = "policy-arg" if m.group(1) == "policy_args" else m.group(1).replace("_", "-")
+    return name + (" " if m.group(2) == "." else ":") + message[m.end() :]
+
+
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn KvagentError (bad input, missing resource) into a one-line error and exit 2."""
+    """Turn KvagentError (bad input, missing resource) into a one-line error and exit 2; a file that
+    cannot be read or written (OSError) into one line and exit 1; Ctrl-C into exit 130."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -33,8 +50,19 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             typer.echo("kvagent: interrupted", err=True)
             raise typer.Exit(130) from None
+        except OSError as e:
+            if e.errno == errno.EPIPE:  # stdout closed early (`| head`): typer exits quietly
+                raise
+            fail(os_error_line(e), code=1)
 
     return wrapper
+
+
+def os_error_line(e: OSError) -> str:
+    """`File exists: out` (with both paths of a rename) and what to do about it."""
+    paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+    what = e.strerror or str(e) or type(e).__name__
+    return f"{what}: {paths}; check the path and its permissions" if paths else f"{what} ({type(e).__name__})"
 
 
 # ----------------------------------------------------------------------------- the shared options
@@ -47,7 +75,11 @@ Policy = Annotated[
     str, typer.Option(help="Eviction policy: full, random, snapkv, nexus, ... (a wrong name lists them all).")
 ]
 Budget = Annotated[
-    str | None, typer.Option(help="K entries per head kept (int) or a fraction of the context (0.2).")
+    str | None,
+    typer.Option(
+        help="K: entries per KV head kept at each round (int), or a fraction of the tokens so far (0.2); "
+        "every policy but full needs one. Default: none (the full cache)."
+    ),
 ]
 Mode = Annotated[str, typer.Option(help="persistent | reprefill.")]
 Scope = Annotated[str, typer.Option(help="prefill | prefill+decode.")]
@@ -83,7 +115,10 @@ PromptStyle = Annotated[
 ]
 Prompts = Annotated[
     str | None,
-    typer.Option(help="YAML: system_prompt, instance_prompt ({problem_statement}); e.g. R2E-Gym's."),
+    typer.Option(
+        help="YAML: system_prompt, instance_prompt ({problem_statement}); e.g. R2E-Gym's. Default: the "
+        "scaffold's own."
+    ),
 ]
 Scaffold = Annotated[
     str, typer.Option(help="Protocol: kvagent, or r2egym (R2E-Gym's evaluation; docs/deepswe.md).")
@@ -93,7 +128,8 @@ History = Annotated[
 ]
 Split = Annotated[str, typer.Option(help="Dataset split (HF names, folders).")]
 Instances = Annotated[
-    str | None, typer.Option(help="Selection: ids a,b | slice 0:10 | re:REGEX | repo:owner/name.")
+    str | None,
+    typer.Option(help="Selection: ids a,b | slice 0:10 | re:REGEX | repo:owner/name. Default: all."),
 ]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from kvagent.agent.loop import EpisodeInterrupted
-from kvagent.cli.common import agent_config, cache_config, load_engine
+from kvagent.cli.common import agent_config, cache_config, check_out_dir, load_engine
 from kvagent.errors import KvagentError
 from kvagent.fileio import atomic_write_text
 
@@ -56,13 +56,19 @@ def check_image(spec: dict[str, Any]) -> None:
 
 
 def check_before_sandbox(engine: Any, config: Any, prompt_style: Any, issue_text: str = "") -> None:
-    """Fail on a bad budget for this model, and on a protected prompt the budget cannot hold, before a
-    sandbox is opened."""
+    """Fail on a bad budget for this model, on a protected prompt the budget cannot hold, and on a
+    first prompt longer than --context-limit, before a sandbox is opened."""
     from kvagent.agent.solve import first_prompt_length
     from kvagent.runtime.budget import check_prompt_fits
 
     engine.session(config)
     length = first_prompt_length(engine.tokenizer, issue_text, prompt_style)
+    limit = getattr(prompt_style, "context_limit", None)
+    if limit is not None and length >= limit:
+        raise KvagentError(
+            f"context-limit: {limit} tokens, but the first prompt is {length} tokens; use --context-limit "
+            f"above {length}"
+        )
     check_prompt_fits(config, length, engine.n_layers)
 
 
@@ -90,7 +96,7 @@ def run_solve(
     console = console or Console(stderr=True)
     spec = environments.with_isolation(sandbox_spec(repo, image), isolation)
     check_image(spec)
-    out_dir = Path(out or f"runs/solve-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir = check_out_dir(out or f"runs/solve-{time.strftime('%Y%m%d-%H%M%S')}")
     console.print(f"loading model {model} ...")
     engine = load_engine(model, device=device, dtype=dtype)
     check_before_sandbox(engine, cfg, agent_cfg, issue_text)  # the config: its profile's prompts
@@ -112,13 +118,14 @@ def run_solve(
     except EpisodeInterrupted as stop:
         atomic_write_text(out_dir / "patch.diff", stop.result.patch)
         console.print(f"interrupted after {stop.result.steps} steps; partial trajectory: {trajectory}, "
-                      f"patch so far: {out_dir / 'patch.diff'}")  # fmt: skip
+                      f"patch so far: {out_dir / 'patch.diff'}", soft_wrap=True)  # fmt: skip
         raise
     atomic_write_text(out_dir / "patch.diff", result.patch)
     print(result.patch, end="" if result.patch.endswith("\n") or not result.patch else "\n")
     console.print(
         f"exit status: {result.exit_status} after {result.steps} steps, {result.logical_length:,} tokens; "
-        f"trajectory: {trajectory}; patch: {out_dir / 'patch.diff'}"
+        f"trajectory: {trajectory}; patch: {out_dir / 'patch.diff'}",
+        soft_wrap=True,  # whole paths, to copy
     )
     if result.exit_status == "error":
         raise KvagentError(f"episode failed: {result.error}; partial trajectory kept at {trajectory}")

@@ -31,6 +31,18 @@ def cache_status(stats: Any, budget: Any, buffer: int) -> str:
     )
 
 
+def print_markdown(text: str, console: Console | None = None) -> None:
+    """A report written as Markdown, shown as a person reads it: drawn (tables as tables) on a
+    terminal, verbatim when piped, so `> report.md` still gets the Markdown."""
+    console = console or Console()
+    if console.is_terminal:
+        from rich.markdown import Markdown
+
+        console.print(Markdown(text))
+    else:
+        print(text, file=console.file, flush=True)
+
+
 def human_seconds(s: float) -> str:
     s = max(0, round(s))
     return (
