@@ -56,6 +56,7 @@ class AgentConfig:
                 f"prompt_style: got {self.prompt_style!r}; choose one of {', '.join(INSTANCE_STYLES)}"
             )
         object.__setattr__(self, "stop", tuple(self.stop))
+        self.sampling()  # temperature, top_p, top_k: a bad one fails here, not at the first reply
 
     @classmethod
     def r2egym(cls, **overrides: Any) -> AgentConfig:

@@ -164,7 +164,10 @@ def load_records(source: str | Path, *, split: str = "test") -> list[dict[str, A
             return _read_parquet(path)
         raise KvagentError(f"dataset file {path}: unknown format {suffix!r}; use .json, .jsonl or .parquet")
     if text.lower().endswith(FILE_SUFFIXES) or text.startswith((".", "/", "~")):
-        raise KvagentError(f"dataset file not found: {path}")
+        raise KvagentError(
+            f"dataset file not found: {path}; pass an existing .json, .jsonl or .parquet file, or an HF "
+            "dataset name (e.g. princeton-nlp/SWE-bench_Lite)"
+        )
     return _read_hf(HF_ALIASES.get(text.lower(), text), split)
 
 
@@ -310,7 +313,9 @@ def select_instances(
         missing = [x for x in ids if x not in by_id]
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise KvagentError(f"instance id not in the dataset: {shown}")
+            raise KvagentError(
+                f"instance id not in the dataset: {shown}; check --instances (ids a,b | slice 0:10 | re:REGEX)"
+            )
         out = [by_id[x] for x in dict.fromkeys(ids)]
     return out
 

@@ -47,7 +47,9 @@ class CacheConfig:
                         f"budget: a float budget is a fraction in (0,1), got {b}; pass tokens as an int"
                     )
             elif isinstance(b, int) and b < 1:
-                raise ConfigError(f"budget: must be >= 1 token, got {b}; use None for no eviction")
+                raise ConfigError(
+                    f"budget: must be >= 1 token, got {b}; leave the budget out (None) for the full cache"
+                )
         if self.buffer < 1:
             raise ConfigError(f"buffer: must be >= 1, got {self.buffer}")
         if self.protect not in PROTECT:

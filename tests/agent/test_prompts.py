@@ -78,3 +78,12 @@ def test_unknown_style_is_a_clear_error():
         instance_prompt("x", style="chatty")
     with pytest.raises(ConfigError, match="prompt_style"):
         AgentConfig(prompt_style="chatty")
+
+
+@pytest.mark.parametrize(
+    "kw, field", [({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_k": -2}, "top_k")]
+)
+def test_bad_sampling_fails_when_the_config_is_made(kw, field):
+    # Not at the first reply, after the model loaded and the sandbox opened.
+    with pytest.raises(ConfigError, match=field):
+        AgentConfig(**kw)
