@@ -9,7 +9,6 @@ import yaml
 from typer.testing import CliRunner
 
 from kvagent.cli.app import app
-from kvagent.evals.datasets import Instance
 from kvagent.testing import git_repo
 
 CALC_PY = "def add(a, b):\n    return a - b\n"
@@ -47,18 +46,6 @@ def repo(tmp_path):
     root = tmp_path / "repo"
     git_repo(root, {"calc.py": CALC_PY})
     return root
-
-
-@pytest.fixture()
-def mini(tmp_path):
-    repos = tmp_path / "repos"
-    git_repo(repos / "fixture__calc-1", {"calc.py": CALC_PY})
-    inst = Instance(
-        "fixture__calc-1", "fixture/calc", "HEAD", "add() subtracts", "diff --git a/t b/t\n", ["t"], []
-    )
-    dataset = tmp_path / "mini.jsonl"
-    dataset.write_text(json.dumps(inst.to_record()) + "\n")
-    return dataset, repos
 
 
 @pytest.fixture()

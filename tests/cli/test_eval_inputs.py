@@ -12,8 +12,7 @@ from typer.testing import CliRunner
 
 from kvagent.cli.app import app
 from kvagent.errors import ConfigError, KvagentError
-from kvagent.evals.datasets import Instance
-from kvagent.testing import CALC_PY, ScriptedEngine, git_repo
+from kvagent.testing import ScriptedEngine
 from tests.helpers import SUBMIT
 
 
@@ -29,18 +28,6 @@ def one_line_error(result, *words):
     for w in words:
         assert w in lines[-1], lines[-1]
     return lines[-1]
-
-
-@pytest.fixture()
-def mini(tmp_path):
-    repos = tmp_path / "repos"
-    git_repo(repos / "fixture__calc-1", {"calc.py": CALC_PY})
-    inst = Instance(
-        "fixture__calc-1", "fixture/calc", "HEAD", "add() subtracts", "diff --git a/t b/t\n", ["t"], []
-    )
-    dataset = tmp_path / "mini.jsonl"
-    dataset.write_text(json.dumps(inst.to_record()) + "\n")
-    return dataset, repos
 
 
 # ------------------------------------------------------------------------------------------ grade
