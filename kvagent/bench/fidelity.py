@@ -22,18 +22,34 @@ from kvagent.runtime.budget import prompt_fit_problem
 RESULTS = "fidelity.json"
 # The record fields that identify a run: same episode, model and spec means the result is reused.
 KEY = ("episode", "digest", "model", "policy", "mode", "scope", "protect", "budget", "buffer", "window",
-       "seed", "policy_args")  # fmt: skip
+       "seed", "policy_args", "head_budget")  # fmt: skip
 
 
 def make_grid(policies, modes, scopes, budgets, protects, buffer: int = 128, window: int = 16, seed: int = 0,
-              policy_args=None) -> list[RunSpec]:  # fmt: skip
-    """Specs to run; `full` once (it never evicts, so mode, scope, protect and budget do not apply)."""
+              policy_args=None, head_budgets=("uniform",)) -> list[RunSpec]:  # fmt: skip
+    """Specs to run; `full` once (it never evicts, so mode, scope, protect and budget do not apply).
+    `head_budgets` adaptive runs only the policies that can split a layer's budget over heads
+    (`without_adaptive` names the others)."""
     if buffer < 1:
         raise ConfigError(f"buffer: must be >= 1, got {buffer}")
-    specs = sweep(policies, modes, budgets, [seed], scopes=scopes, protects=protects,
-                  policy_args=policy_args, buffer=buffer, window=window)  # fmt: skip
-    return [RunSpec("full", buffer=buffer, window=window, seed=seed)] + [
-        s for s in specs if s.policy != "full"
+    specs: list[RunSpec] = []
+    for hb in head_budgets:
+        names = list(policies) if hb == "uniform" else adaptive_capable(policies, policy_args)
+        specs += sweep(names, modes, budgets, [seed], scopes=scopes, protects=protects,
+                       policy_args=policy_args, buffer=buffer, window=window, head_budget=hb)  # fmt: skip
+    return [RunSpec("full", buffer=buffer, window=window, seed=seed)] + list(
+        dict.fromkeys(s for s in specs if s.policy != "full")
+    )
+
+
+def adaptive_capable(policies, policy_args=None) -> list[str]:
+    """The policies (of `policies`, with their options) that take head_budget=adaptive."""
+    from kvagent.runtime.heads import check_adaptive
+    from kvagent.runtime.policies import make_policy
+
+    args = policy_args or {}
+    return [
+        p for p in policies if p != "full" and check_adaptive(make_policy(p, **args.get(p, {})), p) is None
     ]
 
 
@@ -51,6 +67,8 @@ def check_setting(engine, spec: RunSpec, stream: Stream) -> str | None:
 
 # ----------------------------------------------------------------------- records
 def record_key(rec: dict) -> tuple:
+    # Records from before head budgets were recorded are uniform ones.
+    rec = {"head_budget": "uniform", **{k: v for k, v in rec.items() if v is not None or k != "head_budget"}}
     return tuple(json.dumps(rec.get(k), sort_keys=True) for k in KEY)
 
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-GROUP = ("policy", "mode", "scope", "protect", "budget")
+GROUP = ("policy", "mode", "scope", "protect", "budget", "head_budget")
+
+
+def head_budget(record: dict) -> str:
+    """A record's head budget; records written before it was recorded were all uniform."""
+    return record.get("head_budget") or "uniform"
 
 
 def _mean(xs):
@@ -21,13 +26,16 @@ def fidelity_rows(records: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         if r.get("status") == "ok":
-            groups[tuple(r.get(k) for k in GROUP)].append(r)
+            groups[tuple(r.get(k) if k != "head_budget" else head_budget(r) for k in GROUP)].append(r)
     rows = []
     for key, rs in groups.items():
         retrieved = [r["probe_retrieved"] for r in rs if r.get("probe_retrieved") is not None]
+        named = dict(zip(GROUP, key, strict=True))
+        if named["head_budget"] != "uniform":  # Ada-KV runs get their own line in tables and plots
+            named["policy"] = f"{named['policy']}+{named['head_budget']}"
         rows.append(
             {
-                **dict(zip(GROUP, key, strict=True)),
+                **named,
                 "episodes": len(rs),
                 "kl": _mean([r["kl"] for r in rs]),
                 "top1": _mean([r["top1"] for r in rs]),

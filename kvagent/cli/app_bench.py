@@ -59,6 +59,13 @@ def bench_fidelity(
     quiet: Quiet = False,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    head_budget: Annotated[
+        str,
+        typer.Option(
+            help="Comma list: uniform (K per KV head), adaptive (Ada-KV; run for the policies that support "
+            "it, shown as POLICY+adaptive)."
+        ),
+    ] = "uniform",
 ) -> None:
     """Replay agent episodes under each policy and compare with the full cache."""
     from kvagent.cli.bench import run_fidelity_bench
@@ -66,7 +73,7 @@ def bench_fidelity(
     run_fidelity_bench(
         model=model, policies=policies, modes=modes, budgets=budgets, scopes=scopes, protect=protect,
         episodes=episodes, out=out, buffer=buffer, window=window, seed=seed, policy_arg=policy_arg,
-        max_tokens=max_tokens, quiet=quiet, device=device, dtype=dtype,
+        max_tokens=max_tokens, quiet=quiet, device=device, dtype=dtype, head_budget=head_budget,
     )  # fmt: skip
 
 

@@ -32,6 +32,16 @@ def study_fraction(text: str, option: str) -> float:
     return b
 
 
+def head_budget_list(text: str) -> list[str]:
+    from kvagent.runtime.config import HEAD_BUDGETS
+
+    items = split_list(text, "head-budget")
+    for h in items:
+        if h not in HEAD_BUDGETS:
+            raise ConfigError(f"head-budget: got {h!r}; choose from {', '.join(HEAD_BUDGETS)}")
+    return items
+
+
 def protect_list(text: str, option: str) -> list[str]:
     from kvagent.runtime.config import PROTECT
 
@@ -59,9 +69,9 @@ def check_some_setting_runs(engine, streams, grid) -> None:
 
 def run_fidelity_bench(
     *, model, policies, modes, budgets, scopes, protect, episodes, out, buffer, window, seed, policy_arg,
-    max_tokens, quiet, device="auto", dtype="auto",
+    max_tokens, quiet, device="auto", dtype="auto", head_budget="uniform",
 ) -> list[dict]:  # fmt: skip
-    from kvagent.bench.fidelity import make_grid, run_fidelity
+    from kvagent.bench.fidelity import adaptive_capable, make_grid, run_fidelity
     from kvagent.bench.sources import load_episodes
     from kvagent.bench.stream import build_stream
     from kvagent.cli.ui import Bars, print_markdown
@@ -69,6 +79,20 @@ def run_fidelity_bench(
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"max-tokens: must be >= 1, got {max_tokens}")
     names = split_list(policies, "policies")
+    head_budgets = head_budget_list(head_budget)
+    args = parse_policy_args(policy_arg, names)
+    if "adaptive" in head_budgets:
+        capable = adaptive_capable(names, args)
+        if not capable:
+            raise ConfigError(
+                "head-budget: adaptive needs a policy that scores heads comparably (snapkv, pyramidkv, h2o, "
+                "rkv, or tova with --policy-arg tova.shared=false); none is in --policies"
+            )
+        others = [p for p in names if p != "full" and p not in capable]
+        if others:
+            print(
+                f"head-budget adaptive: run for {', '.join(capable)}; not for {', '.join(others)} (uniform only)"
+            )
     grid = make_grid(
         names,
         split_list(modes, "modes"),
@@ -78,7 +102,8 @@ def run_fidelity_bench(
         buffer=buffer,
         window=window,
         seed=seed,
-        policy_args=parse_policy_args(policy_arg, names),
+        policy_args=args,
+        head_budgets=head_budgets,
     )
     check_out_dir(out)
     eps = load_episodes(list(episodes), open_env=local_sandbox)
