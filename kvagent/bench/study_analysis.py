@@ -162,8 +162,10 @@ def by_position(table: Table, plan: StudyPlan, policy: str = "nexus", mode: str 
             table.buckets((best, mode, PROTECT_MAIN, f)),
         )
         per_bucket: dict[int, list[float]] = defaultdict(list)
-        for ep in set(mine) & set(theirs):
-            for b in set(mine[ep]) & set(theirs[ep]):
+        # Sorted: a bootstrap's CI depends on the order of its values, and set order changes with
+        # each process's string hashing, so `--report-only` would not reproduce the printed CIs.
+        for ep in sorted(set(mine) & set(theirs)):
+            for b in sorted(set(mine[ep]) & set(theirs[ep])):
                 m = theirs[ep][b] - mine[ep][b]
                 per_bucket[b].append(m)
                 xs.append(b)

@@ -209,3 +209,39 @@ def test_study_rejects_token_budgets_before_loading_a_model(tmp_path, jsonl_file
                                    "--budgets", "512", "--out", str(tmp_path)])  # fmt: skip
     assert res.exit_code == 2
     assert "fractions in (0,1)" in res.output
+
+
+def test_the_margin_by_position_does_not_depend_on_hash_order(tmp_path):
+    """The same records give the same CIs in every process: string hashing (hence set order) is
+    seeded per process, and `--report-only` must reprint what the run printed."""
+    import os
+    import subprocess
+    import sys
+
+    recs = _records(8, {"nexus": 0.3, "h2o": 0.4}, growth={"nexus": 0.05})
+    rng = np.random.default_rng(1)
+    for r in recs:  # uneven margins per episode and bucket, so the resampled order matters
+        for row in r["positions"]:
+            row[2] += float(rng.normal(0, 0.2))
+    path = tmp_path / "recs.json"
+    path.write_text(json.dumps(recs))
+    code = (
+        "import json, sys\n"
+        "from kvagent.bench.study import StudyPlan\n"
+        "from kvagent.bench.study_analysis import analyse\n"
+        "plan = StudyPlan(policies=('nexus', 'h2o'), modes=('persistent',), fractions=(0.2,), seeds=(0, 1),\n"
+        "                 ablation_fraction=0.2, ablation_protects=('sink',))\n"
+        "recs = json.load(open(sys.argv[1]))\n"
+        "print(json.dumps(analyse(recs, plan)['nexus']['by_position']['rows']))\n"
+    )
+    outs = [
+        subprocess.run(
+            [sys.executable, "-c", code, str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(h)},
+        ).stdout  # fmt: skip
+        for h in (1, 2, 3, 4)
+    ]
+    assert json.loads(outs[0]) and all(o == outs[0] for o in outs), outs
