@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvagent.sandbox import mounts, owner
+from kvagent.sandbox import mounts, owner, reaper
 from kvagent.sandbox.base import BASE_ENV, DEFAULT_MAX_OUTPUT, TOOLS_SRC, Result, Sandbox, truncation_note
 from kvagent.sandbox.errors import SandboxError
 from kvagent.sandbox.procs import CappedReader, pipe_chunks
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 # "auto" is "bwrap" (kept for callers that pass it); only an explicit "none" runs unisolated.
 ISOLATIONS = ("auto", "bwrap", "none")
 # After the command returns and its process group is killed, how long a process that left the
-# group (setsid) may keep its output pipe open before we stop reading.
+# group (setsid) and escaped the reaper may keep its output pipe open before we stop reading.
 DRAIN_S = 5.0
 NO_BWRAP = (
     "{why}, and model-written commands are not run unisolated; install bubblewrap "
@@ -139,6 +139,8 @@ class LocalSandbox(Sandbox):
             **BASE_ENV,
         }
         env.update(extra or {})
+        if not self.bwrap:  # no PID namespace: the marker is how processes outside the group are found
+            env[reaper.MARKER] = self.root
         return env
 
     def _exec(
@@ -165,7 +167,7 @@ class LocalSandbox(Sandbox):
             self._kill(proc)
             raise
         # Returned or timed out: its background processes go too (bwrap's PID namespace does this
-        # already; without bwrap the process group is what holds them).
+        # already; without bwrap the process group holds them, and the reaper those that left it).
         self._kill(proc)
         if timed_out:
             proc.wait()
@@ -179,10 +181,11 @@ class LocalSandbox(Sandbox):
             code = 128 - code
         return Result(code, data.decode("utf-8", errors="replace"), timed_out)
 
-    @staticmethod
-    def _kill(proc: subprocess.Popen) -> None:
+    def _kill(self, proc: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        if not self.bwrap:
+            reaper.kill_marked(self.root)
 
     def _host_path(self, path: str) -> str:
         return self.confine(path, os.path.realpath(self.resolve(path)))
@@ -200,6 +203,8 @@ class LocalSandbox(Sandbox):
             f.write(data)
 
     def _close(self) -> None:
+        if not self.bwrap:
+            reaper.kill_marked(self.root)
         owner.untrack(self)
         owner.rmtree(self.root)
 
