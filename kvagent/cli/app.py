@@ -4,6 +4,7 @@ groups in `app_images.py` and `app_bench.py`. Each body lives in the module of t
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -43,6 +44,7 @@ from kvagent.cli.params import (
     agent_args,
     cache_args,
     fail,
+    run_app,
     user_errors,
 )
 
@@ -385,4 +387,4 @@ def main() -> None:
 
     install()  # SIGTERM/SIGHUP stop a run like Ctrl-C, so sandboxes are closed and results kept
     startup_sweep()  # sandboxes and containers left by killed kvagent processes
-    app(prog_name="kvagent")
+    sys.exit(run_app(app))

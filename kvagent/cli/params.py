@@ -58,6 +58,30 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+# Typer ships its own copy of click; its exception classes are reached through a public one.
+_CLICK_ERRORS = {c.__name__: c for c in typer.BadParameter.__mro__}
+
+
+def run_app(app: typer.Typer, argv: list[str] | None = None) -> int:
+    """Run `app` and return its exit code; a usage error (unknown option or command, a value of the
+    wrong type, a missing argument) is one line naming it and where the help is, not typer's box."""
+    try:
+        code = app(args=argv, prog_name="kvagent", standalone_mode=False)
+    except _CLICK_ERRORS["UsageError"] as e:
+        where = e.ctx.command_path if e.ctx is not None else "kvagent"
+        message = " ".join(e.format_message().split()).rstrip(".")
+        if message:  # empty: a group called bare, which has just printed its help
+            typer.echo(f"kvagent: error: {message}; see `{where} --help`", err=True)
+        return e.exit_code
+    except _CLICK_ERRORS["ClickException"] as e:
+        typer.echo(f"kvagent: error: {' '.join(e.format_message().split())}", err=True)
+        return e.exit_code
+    except typer.Abort:  # Ctrl-C outside a command body (commands turn it into exit 130 themselves)
+        typer.echo("kvagent: interrupted", err=True)
+        return 130
+    return code if isinstance(code, int) else 0
+
+
 def os_error_line(e: OSError) -> str:
     """`File exists: out` (with both paths of a rename) and what to do about it."""
     paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
