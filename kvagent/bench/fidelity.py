@@ -13,7 +13,7 @@ from pathlib import Path
 from kvagent.bench import replay as rp
 from kvagent.bench.progress import NoProgress
 from kvagent.bench.stream import Stream
-from kvagent.bench.tables import fidelity_markdown
+from kvagent.bench.tables import fidelity_markdown, head_budget
 from kvagent.errors import ConfigError
 from kvagent.fileio import atomic_write_json, atomic_write_text
 from kvagent.runspec import RunSpec, sweep
@@ -62,13 +62,12 @@ def check_setting(engine, spec: RunSpec, stream: Stream) -> str | None:
         engine.session(config)  # block-multiple and context-limit checks
     except ConfigError as e:
         raise ConfigError(f"{spec.label}: {e}") from None
-    return prompt_fit_problem(config, stream.prompt_length, engine.n_layers)
+    return prompt_fit_problem(config, stream.prompt_length, engine.n_layers, option="--budgets")
 
 
 # ----------------------------------------------------------------------- records
 def record_key(rec: dict) -> tuple:
-    # Records from before head budgets were recorded are uniform ones.
-    rec = {"head_budget": "uniform", **{k: v for k, v in rec.items() if v is not None or k != "head_budget"}}
+    rec = {**rec, "head_budget": head_budget(rec)}
     return tuple(json.dumps(rec.get(k), sort_keys=True) for k in KEY)
 
 
@@ -165,6 +164,11 @@ def run_fidelity(
     out.mkdir(parents=True, exist_ok=True)
     records = load_records(out)
     todo, skipped = pending_runs(engine, streams, grid, records, model_name)
+    evicting = [s for _, s in todo if s.policy != "full"] + [r for r in records if r.get("policy") != "full"]
+    if skipped and not evicting:  # nothing would be compared: fail before the reference replays
+        raise ConfigError(
+            f"budgets: all {len(skipped)} evicting settings would be skipped, e.g. {skipped[0]}"
+        )
     per_run = {st.name: len(st.ids) + (len(st.probe.question) if st.probe else 0) for st in streams}
     total = progress.task("settings", len(todo))
     lock = threading.Lock()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvagent.cli.common import check_out_dir, load_engine, resume_hint
 from kvagent.errors import ConfigError
-from kvagent.options import parse_budgets, parse_policy_args, split_list
+from kvagent.options import choice_list, parse_budgets, parse_policy_args, split_list
 
 
 def local_sandbox(repo: Path):
@@ -32,67 +32,21 @@ def study_fraction(text: str, option: str) -> float:
     return b
 
 
-def head_budget_list(text: str) -> list[str]:
-    from kvagent.runtime.config import HEAD_BUDGETS
-
-    items = split_list(text, "head-budget")
-    for h in items:
-        if h not in HEAD_BUDGETS:
-            raise ConfigError(f"head-budget: got {h!r}; choose from {', '.join(HEAD_BUDGETS)}")
-    return items
-
-
-def protect_list(text: str, option: str) -> list[str]:
-    from kvagent.runtime.config import PROTECT
-
-    items = split_list(text, option)
-    for p in items:
-        if p not in PROTECT:
-            raise ConfigError(f"{option}: got {p!r}; choose from {', '.join(PROTECT)}")
-    return items
-
-
-def check_some_setting_runs(engine, streams, grid) -> None:
-    """Settings whose budget cannot hold an episode's protected prompt are skipped (and listed); when
-    that is every evicting one, nothing would be compared, so fail before the reference replays."""
-    from kvagent.bench.fidelity import check_setting
-
-    pairs = [(st, spec) for st in streams for spec in grid if spec.policy != "full"]
-    problems = [(st, spec, check_setting(engine, spec, st)) for st, spec in pairs]
-    if problems and all(why for _, _, why in problems):
-        st, spec, why = problems[0]
-        raise ConfigError(
-            f"budgets: all {len(problems)} evicting settings would be skipped, e.g. {spec.label} on {st.name}: "
-            f"{why.replace('--budget ', '--budgets ')}"
-        )
-
-
 def run_fidelity_bench(
     *, model, policies, modes, budgets, scopes, protect, episodes, out, buffer, window, seed, policy_arg,
     max_tokens, quiet, device="auto", dtype="auto", head_budget="uniform",
 ) -> list[dict]:  # fmt: skip
-    from kvagent.bench.fidelity import adaptive_capable, make_grid, run_fidelity
+    from kvagent.bench.fidelity import make_grid, run_fidelity
     from kvagent.bench.sources import load_episodes
     from kvagent.bench.stream import build_stream
     from kvagent.cli.ui import Bars, print_markdown
+    from kvagent.runtime.config import HEAD_BUDGETS
 
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"max-tokens: must be >= 1, got {max_tokens}")
     names = split_list(policies, "policies")
-    head_budgets = head_budget_list(head_budget)
+    head_budgets = choice_list(head_budget, "head-budget", HEAD_BUDGETS)
     args = parse_policy_args(policy_arg, names)
-    if "adaptive" in head_budgets:
-        capable = adaptive_capable(names, args)
-        if not capable:
-            raise ConfigError(
-                "head-budget: adaptive needs a policy that scores heads comparably (snapkv, pyramidkv, h2o, "
-                "rkv, or tova with --policy-arg tova.shared=false); none is in --policies"
-            )
-        others = [p for p in names if p != "full" and p not in capable]
-        if others:
-            print(
-                f"head-budget adaptive: run for {', '.join(capable)}; not for {', '.join(others)} (uniform only)"
-            )
     grid = make_grid(
         names,
         split_list(modes, "modes"),
@@ -105,11 +59,22 @@ def run_fidelity_bench(
         policy_args=args,
         head_budgets=head_budgets,
     )
+    if "adaptive" in head_budgets:  # make_grid kept adaptive runs for the policies that support them
+        capable = list(dict.fromkeys(s.policy for s in grid if s.head_budget == "adaptive"))
+        if not capable:
+            raise ConfigError(
+                "head-budget: adaptive needs a policy that scores heads comparably (snapkv, pyramidkv, h2o, "
+                "rkv, or tova with --policy-arg tova.shared=false); none is in --policies"
+            )
+        others = [p for p in names if p != "full" and p not in capable]
+        if others:
+            print(
+                f"head-budget adaptive: run for {', '.join(capable)}; not for {', '.join(others)} (uniform only)"
+            )
     check_out_dir(out)
     eps = load_episodes(list(episodes), open_env=local_sandbox)
     engine = load_engine(model, device=device, dtype=dtype)
     streams = [build_stream(e, engine.tokenizer, max_tokens=max_tokens) for e in eps]
-    check_some_setting_runs(engine, streams, grid)
     with resume_hint(out), Bars(enabled=not quiet) as bars:
         records = run_fidelity(engine, streams, grid, Path(out), model, progress=bars)
     print_markdown((Path(out) / "fidelity.md").read_text(encoding="utf-8"))
@@ -168,6 +133,7 @@ def run_study_bench(
     from kvagent.bench.study_report import write_report
     from kvagent.cli.common import parse_seeds
     from kvagent.cli.ui import Bars, print_markdown
+    from kvagent.runtime.config import PROTECT
     from kvagent.runtime.policies import available
 
     if max_tokens is not None and max_tokens < 1:
@@ -185,7 +151,7 @@ def run_study_bench(
         fractions=tuple(study_fraction(b, "budgets") for b in split_list(budgets, "budgets")),
         seeds=tuple(parse_seeds(seeds)),
         ablation_fraction=study_fraction(ablation_budget, "ablation-budget"),
-        ablation_protects=tuple(protect_list(ablation_protect, "ablation-protect")),
+        ablation_protects=tuple(choice_list(ablation_protect, "ablation-protect", PROTECT)),
         ablation_policies=None if ablation_policies == "all" else tuple(split_list(ablation_policies, "ablation-policies")),
         buffer=buffer,
         window=window,

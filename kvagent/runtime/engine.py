@@ -89,7 +89,7 @@ class Engine:
         self.max_context = getattr(cfg, "max_position_embeddings", None)
         self.eos_token_ids = _eos_ids(model, tokenizer)
         # What policies may take from the model (BasePolicy.model_args) instead of from the user.
-        self.model_facts = {"inv_freq": _rope_inv_freq(model), "head_dim": self.head_dim}
+        self.model_facts = {"inv_freq": _rope_inv_freq(model)}
         self.max_batch = max_batch
         self.scheduler = Scheduler(self, max_batch) if max_batch > 1 else None
         self.pools: dict[tuple, SlotPool] = {}

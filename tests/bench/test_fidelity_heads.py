@@ -25,7 +25,9 @@ def test_the_grid_adds_adaptive_runs_only_where_a_policy_supports_them():
         ("tova", "adaptive"),
     }
     # tova shares one keep-set per layer by default: no adaptive run without shared=false.
-    plain = make_grid(["tova"], ["persistent"], ["prefill+decode"], [256], ["sink"], head_budgets=("adaptive",))
+    plain = make_grid(
+        ["tova"], ["persistent"], ["prefill+decode"], [256], ["sink"], head_budgets=("adaptive",)
+    )
     assert [s.policy for s in plain] == ["full"]
 
 
