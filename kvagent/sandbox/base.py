@@ -21,8 +21,9 @@ TOOLS_SRC = Path(__file__).parent / "tools"
 TOOL_NAMES = ("file_editor", "execute_bash", "search", "finish")
 # The same four as R2E-Gym's scaffold has them behave (tools/r2egym/; the agent's `r2egym` profile).
 R2EGYM_TOOL_NAMES = tuple(f"r2egym/{name}" for name in TOOL_NAMES)
-# Bytes of combined output kept from one command; the rest is read and dropped so a chatty
-# command cannot exhaust memory. The agent truncates further for the model.
+# Bytes of combined output kept from one command: its first and last halves, the middle read and
+# dropped so a chatty command cannot exhaust memory (procs.CappedReader). The agent (or the tool)
+# truncates further for the model.
 DEFAULT_MAX_OUTPUT = 256 * 1024
 # Non-interactive defaults: pagers and editors would otherwise wait for a terminal forever.
 BASE_ENV = {
@@ -61,7 +62,7 @@ def decode(data: bytes) -> str:
 
 
 def truncation_note(dropped: int) -> bytes:
-    return f"\n[... output truncated: {dropped} more bytes not shown ...]\n".encode()
+    return f"\n[... output truncated: {dropped} bytes in the middle not shown ...]\n".encode()
 
 
 class Sandbox(ABC):

@@ -230,9 +230,7 @@ class DockerSandbox(Sandbox):
         if not ended:  # a process escaped the group and holds the stream; stop listening
             with contextlib.suppress(Exception):
                 stream.close()
-        data, dropped = reader.data()
-        if dropped:
-            data += truncation_note(dropped)
+        data = reader.output(truncation_note)
         code = api.exec_inspect(exec_id).get("ExitCode")
         elapsed = time.monotonic() - start
         timed_out = not ended or (code in (124, 137) and elapsed >= timeout)
