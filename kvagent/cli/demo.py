@@ -25,7 +25,6 @@ def run_demo(
     from kvagent.bench.fidelity import make_grid, run_fidelity
     from kvagent.bench.generator import MIN_TURNS, generate_episode
     from kvagent.bench.stream import build_stream
-    from kvagent.cli.bench import local_sandbox
     from kvagent.cli.common import check_out_dir, load_engine, resume_hint
     from kvagent.cli.ui import Bars
     from kvagent.errors import ConfigError
@@ -44,7 +43,7 @@ def run_demo(
         f"kvagent demo: generating a {turns}-call episode (seed {seed}, compact system prompt) in a local sandbox ...",
         flush=True,
     )
-    episode = generate_episode(seed=seed, turns=turns, prompt="compact", open_env=local_sandbox)
+    episode = generate_episode(seed=seed, turns=turns, prompt="compact", open_env=_demo_sandbox)
     print(f"loading {model} ...", flush=True)
     engine = load_engine(model, device=device, dtype=dtype)
     stream = build_stream(episode, engine.tokenizer)
@@ -70,6 +69,16 @@ def run_demo(
         flush=True,
     )
     return records
+
+
+def _demo_sandbox(repo: Path):
+    """The generated episode's calls are the demo's own (scripted), so they run in the best sandbox
+    the machine allows rather than being refused where bubblewrap is missing; one line says which."""
+    from kvagent.cli.environments import sandbox_line, scripted_sandbox
+
+    sb = scripted_sandbox(repo)
+    print(sandbox_line(sb, "the demo's"), flush=True)
+    return sb
 
 
 def _print_table(records: list[dict]) -> None:

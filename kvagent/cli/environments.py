@@ -74,6 +74,23 @@ def check_sandbox(tag: str) -> Any:
     return open_sandbox("docker", image=tag, labels={"kvagent.role": "check"})
 
 
+def scripted_sandbox(repo: Path) -> Any:
+    """A local sandbox for calls the project scripts itself (a generated episode's, fixed in code),
+    never a model's: bwrap where the machine allows it, else unisolated (`sb.unisolated_why`)."""
+    from kvagent.sandbox import open_sandbox
+
+    return open_sandbox("local", repo=repo, isolation="scripted")
+
+
+def sandbox_line(sb: Any, whose: str) -> str:
+    """One line saying how a scripted sandbox runs `whose` calls, e.g. `sandbox: bwrap`."""
+    if sb.bwrap is None:
+        return f"sandbox: unisolated ({sb.unisolated_why}; {whose} calls are scripted)"
+    if sb.uid is None:
+        return "sandbox: bwrap without a user namespace (commands run as the invoking user)"
+    return "sandbox: bwrap"
+
+
 def local_repo(repos: Path, instance: Instance) -> Path:
     """`repos/<instance_id>`: a checkout at the instance's base commit."""
     path = Path(repos) / instance.instance_id

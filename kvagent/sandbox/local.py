@@ -28,7 +28,9 @@ from kvagent.sandbox.repocopy import check_repo, copy_repo
 
 log = logging.getLogger(__name__)
 # "auto" is "bwrap" (kept for callers that pass it); only an explicit "none" runs unisolated.
-ISOLATIONS = ("auto", "bwrap", "none")
+# "scripted": the calls are the project's own, fixed in code (a generated episode's), not a model's:
+# bwrap where it works, else unisolated, saying why in `unisolated_why`.
+ISOLATIONS = ("auto", "bwrap", "none", "scripted")
 # After the command returns and its process group is killed, how long a process that left the
 # group (setsid) and escaped the reaper may keep its output pipe open before we stop reading.
 DRAIN_S = 5.0
@@ -63,11 +65,12 @@ class LocalSandbox(Sandbox):
         # Extra host paths the user chose to show, at the same path: read-only / writable.
         self.bind = mounts.check_binds(bind, "bind")
         self.bind_rw = mounts.check_binds(bind_rw, "bind_rw")
-        bwrap = shutil.which("bwrap") if isolation != "none" else None
-        if isolation != "none" and bwrap is None:
-            raise SandboxError(NO_BWRAP.format(why="bwrap (bubblewrap) is not installed"))
+        self.scripted = isolation == "scripted"
+        self.unisolated_why: str | None = None  # a scripted sandbox's reason for running without bwrap
+        self.bwrap = shutil.which("bwrap") if isolation != "none" else None
         self.isolation = "none" if isolation == "none" else "bwrap"
-        self.bwrap = bwrap
+        if isolation != "none" and self.bwrap is None:
+            self._without_bwrap("bubblewrap is not installed")
         self.network = network
         self.uid: int | None = None  # SANDBOX_UID when commands run in a user namespace
         owner.sweep_once("dirs")
@@ -103,6 +106,7 @@ class LocalSandbox(Sandbox):
             why = (r.stderr.strip().splitlines() or ["no message"])[-1]
             if self._run_probe().returncode != 0:
                 self._bwrap_unusable(why)
+                return
             log.warning(USERNS_HELP.format(why=why, uid=os.getuid()))  # once: cached below
             _userns_ok[self.bwrap] = False
         elif (r := self._run_probe()).returncode != 0:
@@ -113,7 +117,12 @@ class LocalSandbox(Sandbox):
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
 
     def _bwrap_unusable(self, why: str) -> None:
-        raise SandboxError(NO_BWRAP.format(why=f"bwrap cannot start a sandbox here ({why})"))
+        self._without_bwrap(f"bwrap cannot start a sandbox here ({why})")
+
+    def _without_bwrap(self, why: str) -> None:
+        if not self.scripted:
+            raise SandboxError(NO_BWRAP.format(why=why))
+        self.bwrap, self.uid, self.isolation, self.unisolated_why = None, None, "none", why
 
     def _argv(self, argv: list[str]) -> list[str]:
         if not self.bwrap:
