@@ -182,9 +182,7 @@ class LocalSandbox(Sandbox):
             proc.wait()
         reader.join(1.0 if timed_out else max(1.0, min(DRAIN_S, timeout + start - time.monotonic())))
         proc.stdout.close()
-        data, dropped = reader.data()
-        if dropped:
-            data += truncation_note(dropped)
+        data = reader.output(truncation_note)
         code = 137 if timed_out else proc.returncode
         if code < 0:
             code = 128 - code
