@@ -1,0 +1,73 @@
+"""A request's prompt as token ids: chat messages through the model's own chat template (tools too,
+where the template takes them; Hermes-folded where it does not), completion text through the
+tokenizer, completion token ids as given. Encoded as `Engine.encode` does (no added special
+tokens: the template writes its own), so a served conversation is the token stream the library
+would see."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvagent.serve.errors import RequestError
+from kvagent.serve.protocol import GenRequest
+from kvagent.serve.toolcalls import fold_tools
+
+# chat_template_kwargs may not override what the server itself passes
+_RESERVED = {"conversation", "messages", "tools", "add_generation_prompt", "tokenize", "return_dict"}
+
+
+def template_source(tokenizer: Any) -> str:
+    t = getattr(tokenizer, "chat_template", None)
+    if isinstance(t, dict):  # named templates: the default one renders chats
+        t = t.get("default") or next(iter(t.values()), None)
+    return t or ""
+
+
+def takes_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders tools and tool calls itself (Qwen2.5/Qwen3 do)."""
+    src = template_source(tokenizer)
+    return "tools" in src and "tool_calls" in src
+
+
+def chat_text(tokenizer: Any, req: GenRequest) -> str:
+    if not template_source(tokenizer):
+        raise RequestError("messages: this model has no chat template; send raw text to /v1/completions")
+    tools = req.tools if req.tool_choice != "none" else None
+    messages = req.messages or []
+    if not takes_tools(tokenizer):
+        messages, tools = fold_tools(messages, tools), None
+    bad = sorted(set(req.chat_template_kwargs) & _RESERVED)
+    if bad:
+        raise RequestError(
+            f"chat_template_kwargs: {bad[0]} is set by the server; remove it", param="chat_template_kwargs"
+        )
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False, **req.chat_template_kwargs
+        )
+    except Exception as e:  # jinja's TemplateError (raise_exception), or a type the template cannot add
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise RequestError(
+            f"messages: the model's chat template refused them ({first}); check roles and their order",
+            param="messages",
+        ) from None
+
+
+def prompt_ids(tokenizer: Any, req: GenRequest) -> list[int]:
+    if req.endpoint == "chat":
+        text = chat_text(tokenizer, req)
+    elif isinstance(req.prompt, str):
+        text = req.prompt
+    else:
+        ids = list(req.prompt or [])
+        vocab = len(tokenizer)
+        bad = next((t for t in ids if t >= vocab), None)
+        if bad is not None:
+            raise RequestError(
+                f"prompt: token id {bad} is outside the vocabulary (size {vocab})", param="prompt"
+            )
+        return ids
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if not ids:
+        raise RequestError("prompt: renders to no tokens; send some text", param="prompt")
+    return ids

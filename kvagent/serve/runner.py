@@ -1,0 +1,182 @@
+"""Requests run on worker threads, one session per thread, as many at once as the engine batches
+(`max_batch`; its scheduler joins their forwards), behind a bounded queue. A job reports back to
+its HTTP handler through an asyncio queue: `started` once its prompt is in the cache (errors
+before then become a 4xx response), `text` as the reply grows (streaming only), then `done` or
+`error`. Its cancel flag (client gone, shutdown) ends the reply at the next token."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvagent.runtime import CacheConfig
+from kvagent.serve.conversations import Conversations, Plan
+from kvagent.serve.decode import Decoded, DecodeSpec, decode
+from kvagent.serve.errors import Busy
+
+_STATS = ("prefill_tokens", "decode_tokens", "rounds", "evicted")
+
+
+@dataclass
+class Event:
+    kind: str  # "started" | "text" | "done" | "error"
+    value: Any = None
+
+
+@dataclass(eq=False)
+class Job:
+    prompt: list[int]
+    config: CacheConfig
+    spec: DecodeSpec
+    stream: bool
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None
+
+    def emit(self, kind: str, value: Any = None) -> None:
+        with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown): nobody listens
+            self.loop.call_soon_threadsafe(self.events.put_nowait, Event(kind, value))
+
+
+@dataclass
+class Outcome:
+    plan: Plan
+    decoded: Decoded
+    usage: dict[str, Any]
+    stats: dict[str, Any]  # the session's CacheStats after the reply, plus this request's deltas
+    delta: dict[str, int]
+
+
+def _counts(stats) -> dict[str, int]:
+    return {k: int(getattr(stats, k)) for k in _STATS}
+
+
+def serve_job(engine: Any, conversations: Conversations, job: Job) -> Outcome:
+    """Continue (or start) the prompt's conversation and sample its reply."""
+    plan = conversations.lease(job.prompt, job.config)
+    conv = plan.conv
+    session = conv.session
+    healthy = False
+    try:
+        before = _counts(session.stats)
+        if plan.rewind:
+            session.rewind(plan.rewind)
+        logits = session.append(job.prompt[plan.keep :])
+        conv.reply_start = session.logical_length
+        job.emit("started", plan)
+        on_text = (lambda text: job.emit("text", text)) if job.stream else None
+        decoded = decode(
+            session,
+            logits,
+            job.spec,
+            max_context=engine.max_context,
+            on_text=on_text,
+            cancelled=job.cancel.is_set,
+        )
+        stats = session.stats
+        healthy = True
+    finally:
+        if healthy:
+            conversations.release(conv, stats.total_kv_bytes)
+        else:  # a failed append or step may leave the cache half-updated: never continue it
+            conversations.discard(conv)
+    after = _counts(stats)
+    delta = {k: after[k] - before[k] for k in _STATS}
+    delta = {"prefill_tokens": delta["prefill_tokens"], "decode_tokens": delta["decode_tokens"],
+             "eviction_rounds": delta["rounds"], "evicted_entries": delta["evicted"]}  # fmt: skip
+    m = len(job.prompt)
+    usage = {
+        "prompt_tokens": m,
+        "completion_tokens": len(decoded.ids),
+        "total_tokens": m + len(decoded.ids),
+        "prompt_tokens_details": {"cached_tokens": plan.keep},
+        "kv_continued_tokens": plan.keep,
+        "kv_appended_tokens": m - plan.keep,
+        "kv_rewound_tokens": plan.rewind,
+        "kv_reprefilled_tokens": plan.reprefilled,
+        "kv_prefill_tokens": delta["prefill_tokens"],
+    }
+    info = {
+        "session": conv.id,
+        "status": plan.status,
+        "reason": plan.reason,
+        "divergence": plan.depth,
+        "requests": conv.requests,
+        "logical_length": stats.logical_length,
+        "rounds": stats.rounds,
+        "evicted": stats.evicted,
+        "kv_bytes": stats.total_kv_bytes,
+        "eviction_rounds_this_request": delta["eviction_rounds"],
+        "policy": job.config.policy,
+        "budget": job.config.budget,
+        "mode": job.config.mode,
+    }
+    return Outcome(plan, decoded, usage, info, delta)
+
+
+class Runner:
+    def __init__(self, engine: Any, conversations: Conversations, max_queue: int) -> None:
+        self.engine = engine
+        self.conversations = conversations
+        self.workers = engine.max_batch
+        self.capacity = self.workers + max_queue
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="kvagent-serve")
+        self._cond = threading.Condition()
+        self._jobs: set[Job] = set()
+        self.waiting = 0
+        self.running = 0
+        self.accepting = True
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if not self.accepting:
+                raise Busy("server: shutting down; send the request to another server", status=503)
+            if len(self._jobs) >= self.capacity:
+                raise Busy(
+                    f"server: busy ({self.running} running, {self.waiting} queued, the most it admits); retry "
+                    "later or raise --max-queue",
+                    status=429,
+                )
+            self._jobs.add(job)
+            self.waiting += 1
+        self._pool.submit(self._run, job)
+
+    def _run(self, job: Job) -> None:
+        with self._cond:
+            self.waiting -= 1
+            self.running += 1
+        try:
+            if job.cancel.is_set():
+                job.emit("error", Busy("server: the request was cancelled before it ran", status=503))
+                return
+            job.emit("done", serve_job(self.engine, self.conversations, job))
+        except BaseException as e:  # handed to the request's handler, which answers with it
+            job.emit("error", e)
+        finally:
+            with self._cond:
+                self.running -= 1
+                self._jobs.discard(job)
+                self._cond.notify_all()
+
+    def drain(self, timeout: float) -> None:
+        """Stop admitting; let in-flight requests finish for up to `timeout` seconds, then cancel
+        the rest (each stops at its next token) and wait for the workers."""
+        with self._cond:
+            self.accepting = False
+            deadline = time.monotonic() + timeout
+            while self._jobs and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            for job in self._jobs:
+                job.cancel.set()
+        self._pool.shutdown(wait=True, cancel_futures=False)
+
+    def state(self) -> dict[str, int]:
+        with self._cond:
+            return {"waiting": self.waiting, "running": self.running, "capacity": self.capacity}
