@@ -18,12 +18,18 @@ images_app = typer.Typer(help="Build and check sandbox images without any regist
 @images_app.command("base")
 @user_errors
 def images_base(
-    tag: Annotated[str, typer.Option(help="Image tag.")] = "kvagent/base:bookworm",
+    tag: Annotated[str | None, typer.Option(help="Image tag (default: kvagent/base:SUITE).")] = None,
     rebuild: Annotated[bool, typer.Option(help="Rebuild even if the tag exists.")] = False,
     force: Annotated[bool, typer.Option("--force", hidden=True, help="Old name of --rebuild.")] = False,
-    suite: Annotated[str, typer.Option(help="Debian suite for debootstrap.")] = "bookworm",
+    suite: Annotated[
+        str,
+        typer.Option(
+            help="Debian suite for debootstrap: bullseye (Python 3.9), bookworm (3.11) or trixie (3.13); "
+            "instance images pick theirs from swebench's spec."
+        ),
+    ] = "bookworm",
 ) -> None:
-    """Build the registry-free base image (debootstrap + docker import)."""
+    """Build a registry-free base image (debootstrap + docker import)."""
     from kvagent.cli.images import run_images_base
 
     # --rebuild, as `images build` and `images check` spell it; --force still works.

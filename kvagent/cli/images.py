@@ -7,7 +7,7 @@ from typing import Any
 from kvagent.options import split_list
 
 
-def run_images_base(*, tag: str, force: bool, suite: str) -> str:
+def run_images_base(*, tag: str | None, force: bool, suite: str) -> str:
     import typer
 
     from kvagent.sandbox.images import build_base_image

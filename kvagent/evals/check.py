@@ -3,6 +3,9 @@ patch in it, and say for each instance what holds and, where not, why.
 
 A recipe is verified when
   builds             the image builds offline from the recipe;
+  tests_found        every FAIL_TO_PASS and PASS_TO_PASS name has a result in the gold patch's test
+                     output (a name the log never shows would be graded failed without a sign:
+                     a test missing from the source, a name spelt otherwise);
   f2p_fail_before    every FAIL_TO_PASS test fails (or is absent) before the gold patch, so the
                      source really is the base commit's and not a later release with the fix;
   empty_fails        the empty patch is not resolved;
@@ -20,7 +23,7 @@ from typing import Any
 from kvagent.errors import KvagentError
 from kvagent.evals.datasets import Instance
 
-CHECKS = ("builds", "f2p_fail_before", "empty_fails", "gold_resolves")
+CHECKS = ("builds", "tests_found", "f2p_fail_before", "empty_fails", "gold_resolves")
 Log = Callable[[str], None]
 OpenImage = Callable[[str], AbstractContextManager[Any]]  # image tag -> a fresh sandbox of it
 
@@ -64,6 +67,13 @@ def judge(empty: Mapping[str, Any], gold: Mapping[str, Any] | None) -> dict[str,
             reasons.append(f"FAIL_TO_PASS pass before the gold patch: {_names(passed)}")
     if gold is None:
         return out
+    missing = gold.get("missing_tests")
+    out["tests_found"] = missing == [] if missing is not None else None
+    if missing:
+        reasons.append(
+            f"{len(missing)} FAIL_TO_PASS/PASS_TO_PASS names are not in the gold run's test output: "
+            f"{_names(missing, 5)}"
+        )
     out["gold_resolves"] = bool(gold.get("resolved"))
     if gold.get("error"):
         reasons.append(f"gold patch: {gold['error']}")
@@ -88,7 +98,7 @@ def check_instance(
 ) -> dict[str, Any]:
     """Build and grade one instance twice, each time in a fresh sandbox `open_image(tag)` of the built
     image; returns {check: bool, 'ok', 'reasons', 'spec', ...}."""
-    from kvagent.evals.images import build_instance_image
+    from kvagent.evals.images import build_instance_image, image_environment
     from kvagent.evals.recipe import load_recipes, recipe_for
     from kvagent.evals.recipe_steps import describe, steps_of
     from kvagent.evals.specs import harness_spec
@@ -117,6 +127,7 @@ def check_instance(
             report["reasons"].append(f"build: {e}")
             return report
         report["builds"], report["image"] = True, tag
+        report["environment"] = image_environment(tag)
         log(f"{instance.instance_id}: grading the empty patch")
         empty = _grade(instance, "", open_image, tag, recipes, timeout, logs / "empty" if logs else None)
         log(f"{instance.instance_id}: grading the gold patch")
@@ -143,4 +154,5 @@ def format_report(report: Mapping[str, Any]) -> str:
     mark = {True: "yes", False: "NO", None: "-"}
     cells = "  ".join(f"{c} {mark[report.get(c)]}" for c in CHECKS)
     head = f"{report['instance_id']}  {cells}  => {'verified' if report.get('ok') else 'NOT verified'}"
-    return "\n".join([head, *(f"    {r}" for r in report.get("reasons", []))])
+    notes = [report["environment"]] if report.get("environment") else []
+    return "\n".join([head, *(f"    {r}" for r in [*notes, *report.get("reasons", [])])])

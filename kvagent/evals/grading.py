@@ -8,6 +8,11 @@ and version, adapted to the sandbox), which resets the test files, applies `test
 spec's test command on the spec's directives; and judge the log with swebench's own log parser and
 grading rules (`judging.py`). Instances swebench has no spec for run the recipe's test command on
 the test files (`judging.eval_script`).
+
+A grade is `resolved`, `unresolved`, `error` (the patch did not apply, a timeout, no usable output)
+or `env_error`: the tests could not run at all (`env_errors.py`: a missing runner, a module that
+does not import), and the gold patch, run as a control in the same image, cannot run them either;
+that is the image's fault, recorded apart like an infrastructure error, never charged to a patch.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any
 
 from kvagent.errors import KvagentError
 from kvagent.evals.datasets import Instance, load_instances, select_instances
+from kvagent.evals.env_errors import could_not_run
+from kvagent.evals.images import image_environment
 from kvagent.evals.judging import TEST_PATCH_FAILED_RC, eval_script, judge_log
 from kvagent.evals.recipe import load_recipes, repo_test_command
 from kvagent.evals.specs import TEST_PATCH_FAILED, sandbox_eval_script
@@ -98,6 +105,34 @@ def _script_for(target: Any, instance: Instance, recipes: Mapping[str, Any] | No
     )
 
 
+def _run_tests(target: Any, instance: Instance, patch: str, timeout: int, log_path: Path) -> tuple[str, Any]:
+    """Run the eval script once; ("error message", None) or ("", swebench's verdict)."""
+    rc, output = target.exec(
+        f"timeout -s KILL {int(timeout)} /bin/bash {shlex.quote(target.scratch)}/eval.sh", timeout + 30
+    )
+    atomic_write_text(log_path, output)
+    if rc == TEST_PATCH_FAILED_RC or TEST_PATCH_FAILED in output:
+        return "test_patch did not apply on top of the model patch", None
+    if rc == 137 and "Test Exit Code" not in output:
+        return f"tests timed out after {timeout} s", None
+    verdict = judge_log(instance, patch, log_path)
+    n = len(instance.FAIL_TO_PASS) + len(instance.PASS_TO_PASS)
+    verdict["could_not_run"] = could_not_run(output, verdict["missing_tests"], n)
+    return "", verdict
+
+
+def _gold_control(target: Any, instance: Instance, timeout: int, log_path: Path) -> str | None:
+    """The gold patch in the same sandbox, from the base tree: why the tests cannot run with it
+    either, or None when they run (then it was the graded patch that broke them)."""
+    target.exec("git checkout -q -- . && git clean -fdq -e .kvagent-grade")
+    target.put({"model.diff": instance.patch if instance.patch.endswith("\n") else instance.patch + "\n"})
+    applied, _ = _apply_model_patch(target)
+    if applied is None:
+        return "the gold patch does not apply in this image"
+    error, verdict = _run_tests(target, instance, instance.patch, timeout, log_path)
+    return error or verdict["could_not_run"]
+
+
 def _grade_in(
     target: Any,
     instance: Instance,
@@ -124,20 +159,24 @@ def _grade_in(
             details["error"] = f"model patch did not apply: {last[-1] if last else 'no output'}"
             return
 
-    rc, output = target.exec(
-        f"timeout -s KILL {int(timeout)} /bin/bash {shlex.quote(target.scratch)}/eval.sh", timeout + 30
-    )
     with tempfile.TemporaryDirectory() as tmp:
-        log_path = (logs or Path(tmp)) / "test_output.txt"
-        atomic_write_text(log_path, output)
-        if rc == TEST_PATCH_FAILED_RC or TEST_PATCH_FAILED in output:
-            details["error"] = "test_patch did not apply on top of the model patch"
+        log_dir = logs or Path(tmp)
+        error, verdict = _run_tests(target, instance, patch, timeout, log_dir / "test_output.txt")
+        if error:
+            details["error"] = error
             return
-        if rc == 137 and "Test Exit Code" not in output:
-            details["error"] = f"tests timed out after {timeout} s"
-            return
-        verdict = judge_log(instance, patch, log_path)
+        broken = verdict["could_not_run"]
+        if broken and patch.strip() != instance.patch.strip():
+            broken = _gold_control(target, instance, timeout, log_dir / "gold_control_output.txt")
+            details["gold_control"] = "tests cannot run" if broken else "tests run"
     details["tests_status"] = verdict.get("tests_status")
+    details["missing_tests"] = verdict["missing_tests"]
+    if broken:
+        details["status"] = "env_error"
+        details["env_error"] = broken
+        details["error"] = f"environment error: {broken}"
+        details["infra"] = True  # the image's fault: recorded apart, never a patch's failure
+        return
     if not verdict.get("patch_successfully_applied"):
         # get_logs_eval found no usable test output (crash, collection error, exit-code mismatch).
         details["error"] = "no usable test output" + (
@@ -158,7 +197,10 @@ def _new_details(instance: Instance, patch: str) -> dict[str, Any]:
         "patch_applied": None,
         "apply_command": None,
         "tests_status": None,
+        "missing_tests": None,
         "error": None,
+        "env_error": None,
+        "environment": None,
     }
 
 
@@ -188,9 +230,10 @@ def grade_instance(
     recipes: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Grade one prediction in the sandbox `open_env(instance)` gives (fresh at the base commit);
-    returns its details. `status` is `resolved`, `unresolved` or `error` (error: no image, a patch
-    that does not apply, a timeout, a sandbox failure; as the official harness, these are not
-    resolved)."""
+    returns its details. `status` is `resolved`, `unresolved`, `error` (no image, a patch that does
+    not apply, a timeout, a sandbox failure; as the official harness, these are not resolved) or
+    `env_error` (the tests could not run in this image, with the gold patch either). `environment`:
+    `environment differs: python X.Y (spec A.B)` for an image on another Python than the spec's."""
     started = time.monotonic()
     patch = model_patch or ""
     if patch and not patch.endswith("\n"):
@@ -203,6 +246,7 @@ def grade_instance(
     try:
         with open_env(instance) as sandbox:
             details["image"] = getattr(sandbox, "image", None)
+            details["environment"] = image_environment(details["image"])
             # A local sandbox must not reinstall the checkout into the user's own environment.
             run_install = type(sandbox).__name__ != "LocalSandbox"
             _grade_in(_SandboxTarget(sandbox), instance, patch, recipes, details, timeout, logs, run_install)
@@ -299,10 +343,12 @@ def grade_predictions(
         "resolved_instances": 0,
         "unresolved_instances": 0,
         "error_instances": 0,
+        "env_error_instances": 0,
         "empty_patch_instances": 0,
         "resolved_ids": [],
         "unresolved_ids": [],
         "error_ids": [],
+        "env_error_ids": [],
         "empty_patch_ids": [],
         "incomplete_ids": sorted(i.instance_id for i in selected if i.instance_id not in preds),
         "instances": {},
@@ -322,9 +368,9 @@ def grade_predictions(
         report[f"{d['status']}_ids"].append(inst.instance_id)
         if d["patch_is_empty"]:
             report["empty_patch_ids"].append(inst.instance_id)
-        if d["status"] != "error":
+        if d["status"] not in ("error", "env_error"):
             report["completed_instances"] += 1
-        for key in ("resolved", "unresolved", "error", "empty_patch"):
+        for key in ("resolved", "unresolved", "error", "env_error", "empty_patch"):
             report[f"{key}_instances"] = len(report[f"{key}_ids"])
         log(f"  {d['status']}" + (f": {d['error']}" if d["error"] else ""))
         atomic_write_json(out / "report.json", report)

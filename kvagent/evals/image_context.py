@@ -19,8 +19,12 @@ from pathlib import Path
 from kvagent.errors import KvagentError
 from kvagent.fileio import cache_dir
 
-# The base image is Debian bookworm: CPython 3.11 on x86_64 glibc 2.36; wheels must match it.
-WHEEL_PLATFORM = ("manylinux_2_36_x86_64", "linux_x86_64")
+
+def wheel_platforms(glibc: str) -> tuple[str, ...]:
+    """pip's --platform tags for an x86_64 image with that glibc (`2_31`: bullseye); pip widens a
+    manylinux_2_X tag to every older manylinux one."""
+    return (f"manylinux_{glibc}_x86_64", "linux_x86_64")
+
 
 Log = Callable[[str], None]
 
@@ -113,8 +117,11 @@ def export_git(mirror: Path, commit: str, dest: Path) -> None:
         t.extractall(dest, filter="data")
 
 
-def download_wheels(requirements: Sequence[str], dest: Path, python: str = "3.11", log: Log = _quiet) -> None:
-    """Distributions for the image's Python (not the host's), dependencies included, into `dest`.
+def download_wheels(
+    requirements: Sequence[str], dest: Path, python: str = "3.11", glibc: str = "2_36", log: Log = _quiet
+) -> None:
+    """Distributions for the image's Python and glibc (not the host's), dependencies included, into
+    `dest`.
 
     Wheels for the image's platform first. Old pins can predate any wheel for that Python (MarkupSafe
     2.1.1 has no cp311 wheel): then resolve natively on a matching host, allowing sdists, which the
@@ -135,7 +142,7 @@ def download_wheels(requirements: Sequence[str], dest: Path, python: str = "3.11
         "--abi",
         "none",
     ]
-    for plat in WHEEL_PLATFORM:
+    for plat in wheel_platforms(glibc):
         cmd += ["--platform", plat]
     try:
         _run(cmd + list(requirements), "pip download of the pinned wheels")

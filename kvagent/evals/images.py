@@ -1,7 +1,8 @@
 """Runnable SWE-bench instance images without any container registry (`kvagent images build`).
 
 The build, through the sandbox layer's image functions (`kvagent.sandbox.images`): the local base
-rootfs image (debootstrap, `docker import`) + a venv at /opt/venv with the pinned wheels (downloaded
+rootfs image of the Debian release whose python3 is the instance's (`interpreter.py`: the one
+swebench's spec names, or the nearest; debootstrap, `docker import`) + a venv at /opt/venv with the pinned wheels (downloaded
 on the host, installed with `--no-index`, so the build runs with network off) + the source at
 /testbed, installed editable and committed as the base commit, so `git diff` shows exactly what an
 agent or a patch changed. What to build comes from a recipe (`recipe.py`).
@@ -19,10 +20,16 @@ from typing import Any
 from kvagent.errors import KvagentError
 from kvagent.evals.datasets import Instance
 from kvagent.evals.image_context import download_wheels, export_git, fetch_sdist, unpack_archive
+from kvagent.evals.interpreter import (
+    LABEL_PYTHON,
+    LABEL_SPEC_PYTHON,
+    choose_python,
+    note_from_labels,
+    requires_python,
+)
 from kvagent.evals.recipe import Recipe, load_recipes, recipe_for
 from kvagent.evals.recipe_steps import dockerfile_lines
 from kvagent.fileio import cache_dir
-from kvagent.sandbox.images import DEFAULT_TAG as BASE_TAG
 from kvagent.sandbox.images import build_image, ensure_base_image, image_exists, image_labels
 
 LABEL_INSTANCE = "kvagent.instance_id"
@@ -60,12 +67,23 @@ def image_for(instance: Instance | str, client: Any = None) -> str:
     return official_image_name(iid)
 
 
+def image_environment(tag: str | None, client: Any = None) -> str | None:
+    """`environment differs: python X.Y (spec A.B)` for a kvagent image built on another Python than
+    the spec's; None for one that matches, an official image, or no image (a local sandbox)."""
+    if not tag:
+        return None
+    try:
+        return note_from_labels(image_labels(tag, client))
+    except Exception:  # no Docker here: nothing to compare
+        return None
+
+
 # ------------------------------------------------------------------------------------------- the build
 
 
 _DOCKERFILE = """\
 FROM {base}
-LABEL {label_instance}="{instance_id}" {label_recipe}="{digest}"
+LABEL {label_instance}="{instance_id}" {label_recipe}="{digest}" {label_python}="{python}" {label_spec_python}="{spec_python}"
 COPY wheelhouse /opt/kvagent/wheelhouse
 # Debian's python3 lacks ensurepip: make the venv bare, then bootstrap pip by running the pip wheel itself.
 RUN python3 -m venv --without-pip /opt/venv \\
@@ -101,21 +119,27 @@ def build_instance_image(
     recipe: Recipe | None = None,
     recipes: Mapping[str, Recipe] | None = None,
     tag: str | None = None,
-    base: str = BASE_TAG,
+    base: str | None = None,
     rebuild: bool = False,
     client: Any = None,
     log: Log = _quiet,
 ) -> str:
     """Build (or reuse) the image for one instance; returns its tag. A cached image is reused when
-    its recipe digest matches, unless `rebuild`."""
+    its recipe digest matches, unless `rebuild`. `base`: default the base image of the release
+    whose python3 the instance gets (a given one must hold that Python)."""
     iid = instance if isinstance(instance, str) else instance.instance_id
     recipe = recipe or recipe_for(iid, recipes)
     tag = tag or instance_image_tag(iid)
-    digest = recipe.digest()
+    spec = None
+    if isinstance(instance, Instance):
+        from kvagent.evals.specs import harness_spec
+
+        spec = harness_spec(instance, log)
+    spec_python = str(spec.specs["python"]) if spec and spec.specs.get("python") else None
+    digest = recipe.digest(spec_python)
     if not rebuild and (image_labels(tag, client) or {}).get(LABEL_RECIPE) == digest:
         log(f"{tag}: up to date")
         return tag
-    ensure_base_image(base, log, client)
 
     with tempfile.TemporaryDirectory(prefix="kvagent-image-") as tmp:
         ctx = Path(tmp)
@@ -139,16 +163,17 @@ def build_instance_image(
             export_git(Path(git).expanduser(), commit, testbed)
         # A stale .git from the source would replace the base commit we make in the image.
         shutil.rmtree(testbed / ".git", ignore_errors=True)
+        choice = choose_python(spec_python, requested=recipe.python, requires=requires_python(testbed))
+        log(f"{iid}: {choice.describe()}" + (f"; {choice.note}" if choice.note else ""))
+        base = base or choice.release.tag
+        ensure_base_image(base, log, client)
         wheelhouse = ctx / "wheelhouse"
         wheelhouse.mkdir()
-        download_wheels([*recipe.bootstrap, *recipe.pins], wheelhouse, recipe.python, log)
+        download_wheels(
+            [*recipe.bootstrap, *recipe.pins], wheelhouse, choice.python, choice.release.glibc, log
+        )
         (wheelhouse / "requirements.txt").write_text("".join(f"{p}\n" for p in recipe.pins) or "\n")
         (wheelhouse / "bootstrap.txt").write_text("".join(f"{p}\n" for p in recipe.bootstrap))
-        spec = None
-        if isinstance(instance, Instance):
-            from kvagent.evals.specs import harness_spec
-
-            spec = harness_spec(instance, log)
         pre_install, install = dockerfile_lines(recipe.steps, spec.install if spec else None)
         (ctx / "Dockerfile").write_text(
             _DOCKERFILE.format(
@@ -157,6 +182,10 @@ def build_instance_image(
                 label_recipe=LABEL_RECIPE,
                 instance_id=iid,
                 digest=digest,
+                label_python=LABEL_PYTHON,
+                python=choice.python,
+                label_spec_python=LABEL_SPEC_PYTHON,
+                spec_python=spec_python or "",
                 source_label=recipe.source_label().replace('"', ""),
                 pre_install=pre_install,
                 install=install,
@@ -171,7 +200,7 @@ def build_images(
     instances: Iterable[Instance | str],
     *,
     recipes: Mapping[str, Recipe] | None = None,
-    base: str = BASE_TAG,
+    base: str | None = None,
     rebuild: bool = False,
     client: Any = None,
     log: Log = _quiet,

@@ -80,11 +80,29 @@ def eval_script(instance: Instance, test_cmd: str, workdir: str = WORKDIR, scrat
     )
 
 
+def _resolves(name: str, status_map: dict[str, str]) -> bool:
+    """Whether the log has a result for `name`, matched as swebench's grading matches it (exactly,
+    or a truncated parametrized id by prefix)."""
+    try:
+        from swebench.harness.grading import _resolve_case
+    except ImportError:  # another swebench 5.x: exact names only
+        return name in status_map
+    return _resolve_case(name, status_map) is not None
+
+
 def judge_log(instance: Instance, model_patch: str, log_path: Path) -> dict[str, Any]:
-    """swebench's verdict on a test log: {'resolved', 'patch_successfully_applied', 'tests_status', ...}."""
+    """swebench's verdict on a test log: {'resolved', 'patch_successfully_applied', 'tests_status',
+    ...}, plus `missing_tests`: the FAIL_TO_PASS and PASS_TO_PASS names the log has no result for.
+
+    The log is first respelt to the dataset's test names where only the interpreter's format differs
+    (`test_names.py`); the file at `log_path` is left as the tests wrote it."""
+    import tempfile
+
     from swebench.harness.constants import FAIL_ONLY_REPOS, EvalType
-    from swebench.harness.grading import get_eval_report
+    from swebench.harness.grading import get_eval_report, get_logs_eval
     from swebench.types import TestSpec
+
+    from kvagent.evals.test_names import normalise_log
 
     spec = TestSpec(
         instance_id=instance.instance_id,
@@ -98,4 +116,14 @@ def judge_log(instance: Instance, model_patch: str, log_path: Path) -> dict[str,
         eval_type=(EvalType.FAIL_ONLY if instance.repo in FAIL_ONLY_REPOS else EvalType.PASS_AND_FAIL).value,
     )
     pred = {"instance_id": instance.instance_id, "model_patch": model_patch, "model_name_or_path": "kvagent"}
-    return get_eval_report(spec, pred, str(log_path), include_tests_status=True)[instance.instance_id]
+    names = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+    text = Path(log_path).read_text(errors="replace")
+    with tempfile.TemporaryDirectory(prefix="kvagent-judge-") as tmp:
+        normalised = Path(tmp) / "test_output.txt"
+        normalised.write_text(normalise_log(text, names))
+        verdict = get_eval_report(spec, pred, str(normalised), include_tests_status=True)[
+            instance.instance_id
+        ]
+        status_map, _ = get_logs_eval(spec, str(normalised))
+    verdict["missing_tests"] = [n for n in names if not _resolves(n, status_map)]
+    return verdict

@@ -2,12 +2,13 @@
 or user files), and the repository's test command.
 
     {"format": 1,
-     "defaults": {"test_cmd": "pytest ...", "python": "3.11"},
+     "defaults": {"test_cmd": "pytest ..."},
      "recipes": {"<instance_id>": {
          "repo": "owner/name",
          "source": {"sdist": "NAME==VER"}            # release sdist from the package registry
                  | {"git": "/path/to/mirror", "commit": "<sha>"},   # commit defaults to base_commit
          "pins": ["pytest==7.4.4", ...],             # installed from wheels, offline, in the image
+         "python": "3.11",                           # optional: default the spec's (interpreter.py)
          "env": {...}, "pre_install": [...], "install": "..."   # optional build steps (recipe_steps.py)
          "test_cmd": "..."}}}                        # only where swebench has no spec (specs.py)
 """
@@ -36,7 +37,7 @@ TEST_PYTEST = "pytest --no-header -rA --tb=no -p no:cacheprovider"
 # 81 drop, `pkg_resources`, which older projects import at runtime (pydicom 2.1).
 BOOTSTRAP = ("pip", "setuptools>=64,<70", "wheel")
 # Bump when the Dockerfile of images.py changes, so cached images are rebuilt.
-BUILD_FORMAT = 3
+BUILD_FORMAT = 4
 
 
 @dataclass(frozen=True)
@@ -46,20 +47,22 @@ class Recipe:
     source: Mapping[str, str]
     pins: tuple[str, ...] = ()
     test_cmd: str = TEST_PYTEST
-    python: str = "3.11"
+    python: str | None = None  # None: the spec's (kvagent.evals.interpreter.choose_python)
     bootstrap: tuple[str, ...] = BOOTSTRAP
     origin: str = ""  # file the recipe came from, for error messages
     extra: Mapping[str, Any] = field(default_factory=dict)
     steps: Steps = field(default_factory=Steps)  # env, pre_install, install
 
-    def digest(self) -> str:
-        """Identity of what the image is built from; a cached image with another digest is rebuilt."""
+    def digest(self, spec_python: str | None = None) -> str:
+        """Identity of what the image is built from (with the Python the spec names, which picks the
+        image's); a cached image with another digest is rebuilt."""
         payload = {
             "format": BUILD_FORMAT,
             "id": self.instance_id,
             "source": dict(self.source),
             "pins": list(self.pins),
             "python": self.python,
+            "spec_python": spec_python,
             "bootstrap": list(self.bootstrap),
             "steps": self.steps.digest_payload(),
         }
@@ -98,13 +101,16 @@ def _parse_recipe_file(text: str, origin: str) -> dict[str, Recipe]:
         if not isinstance(pins, list) or not all(isinstance(p, str) for p in pins):
             raise KvagentError(f"{where}: 'pins' must be a list of requirement strings")
         known = {"repo", "source", "pins", "test_cmd", "python", "bootstrap", *STEP_FIELDS}
+        python = spec.get("python")
+        if python is not None and not re.fullmatch(r"3\.\d+", str(python)):
+            raise KvagentError(f"{where}: 'python' must be X.Y (e.g. \"3.9\"), or left out for the spec's")
         out[iid] = Recipe(
             instance_id=iid,
             repo=spec["repo"],
             source=dict(source),
             pins=tuple(pins),
             test_cmd=spec.get("test_cmd", TEST_PYTEST),
-            python=str(spec.get("python", "3.11")),
+            python=None if python is None else str(python),
             bootstrap=tuple(spec.get("bootstrap", BOOTSTRAP)),
             origin=origin,
             extra={k: v for k, v in spec.items() if k not in known},

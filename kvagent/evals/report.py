@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvagent.errors import KvagentError
-from kvagent.evals.stats import _budget_key, load_runs, summarize
+from kvagent.evals.stats import _budget_key, is_infra_error, load_runs, settle, summarize
 from kvagent.fileio import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 
@@ -53,6 +53,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
             "counted in any Pass@1 and are redone when the same `kvagent eval` runs again.",
             "",
         ]
+    lines += _environment_lines(summary)
     lines += [
         "| policy | mode | budget | instances | seeds | Resolved | Pass@1 % | "
         f"{level}% CI | Pass@k % | errors | steps | tokens | evictions | KV MiB |",
@@ -83,6 +84,38 @@ def render_markdown(summary: dict[str, Any]) -> str:
                 f"{_p(c['sign_test_p'])} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def environment_facts(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the images got wrong, from the latest record of each run: `env_errors` (instance ->
+    why the tests could not run) and `environment_differs` (instance -> `environment differs: ...`)."""
+    key = ("instance_id", "policy", "mode", "budget", "seed")
+    latest = settle(runs, lambda r: r.get("run_id") or tuple(str(r.get(k)) for k in key))
+    errors = {
+        r["instance_id"]: r["env_error"] for r in latest.values() if is_infra_error(r) and r.get("env_error")
+    }
+    differs = {r["instance_id"]: r["environment"] for r in latest.values() if r.get("environment")}
+    return {"env_errors": dict(sorted(errors.items())), "environment_differs": dict(sorted(differs.items()))}
+
+
+def _environment_lines(summary: dict[str, Any]) -> list[str]:
+    lines = []
+    errors = summary.get("env_errors") or {}
+    if errors:
+        lines += [
+            f"**Environment errors on {len(errors)} instances** (among the errors above): the image could "
+            "not run the tests, with the gold patch either, so no policy is charged for them: "
+            + "; ".join(f"{iid}: {why}" for iid, why in errors.items()),
+            "",
+        ]
+    differs = summary.get("environment_differs") or {}
+    if differs:
+        lines += [
+            f"{len(differs)} instances ran in an image other than swebench's spec names: "
+            + "; ".join(f"{iid}: {note}" for iid, note in differs.items()),
+            "",
+        ]
+    return lines
 
 
 def render_plot(summary: dict[str, Any]) -> bytes:
@@ -143,6 +176,7 @@ def write_report(run_dir: str | Path, *, n_boot: int = 2000, seed: int = 0) -> d
     if not runs:
         raise KvagentError(f"{run_dir / 'runs.jsonl'} holds no finished runs yet")
     summary = summarize(runs, n_boot=n_boot, seed=seed)
+    summary.update(environment_facts(runs))
     atomic_write_json(run_dir / "report.json", _json_safe(summary))
     atomic_write_text(run_dir / "report.md", render_markdown(summary))
     atomic_write_bytes(run_dir / "report.png", render_plot(summary))

@@ -53,14 +53,7 @@ class EvalRun:
         return replace(self, spec=self.spec.canonical)
 
     def meta(self) -> dict[str, Any]:
-        s = self.spec
-        return {
-            "instance_id": self.instance_id,
-            "policy": s.policy,
-            "mode": s.mode,
-            "budget": s.budget,
-            "seed": s.seed,
-        }
+        return {"instance_id": self.instance_id, **self.spec.record()}
 
 
 def plan_runs(
@@ -74,7 +67,8 @@ def plan_runs(
     **cache_options: Any,
 ) -> list[EvalRun]:
     """Every (instance, seed, policy, mode, budget), `full` once per mode with no budget; the specs
-    are checked before any run starts. `cache_options`: buffer, scope, protect, window."""
+    are checked before any run starts. `cache_options`: any other CacheConfig field, one value each
+    (buffer, scope, protect, window, ...)."""
     if not instance_ids:
         raise KvagentError("eval: no instances selected; check --dataset and --instances")
     if any(p != "full" for p in policies) and not [b for b in budgets if b is not None]:
@@ -98,7 +92,7 @@ def load_records(run_dir: Path, *, errors: bool = False) -> dict[str, dict[str, 
 
 @dataclass
 class EvalRunner:
-    """Runs specs with one shared engine; each run gets its own sandbox and session."""
+    """Runs an eval's runs with one shared engine; each run gets its own sandbox and session."""
 
     run_dir: Path
     engine: Any  # kvagent.runtime.Engine or a test double (tokenizer + session(config))
@@ -107,7 +101,7 @@ class EvalRunner:
     agent_config: AgentConfig = field(default_factory=AgentConfig)
     grade: Callable[[Instance, str, Path], Mapping[str, Any]] | None = None
     model_name: str = "kvagent"
-    workers: int = 1
+    concurrency: int = 1  # episodes at once (`--concurrency`), one thread each
     on_update: Callable[[str, EvalRun, dict[str, Any] | None], None] | None = None
     # Each episode's agent events (replies, observations, end), e.g. a live display of one episode.
     on_event: Callable[[Any], None] | None = None
@@ -115,75 +109,75 @@ class EvalRunner:
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
         self._lock = threading.Lock()
-        if self.workers < 1:
-            raise KvagentError(f"workers: must be >= 1, got {self.workers}")
+        if self.concurrency < 1:
+            raise KvagentError(f"concurrency: must be >= 1, got {self.concurrency}")
 
     # -------------------------------------------------------------------- orchestration
-    def pending(self, specs: Iterable[EvalRun]) -> list[EvalRun]:
+    def pending(self, runs: Iterable[EvalRun]) -> list[EvalRun]:
         done = load_records(self.run_dir)
-        return [s for s in specs if s.run_id not in done]
+        return [r for r in runs if r.run_id not in done]
 
     def run(
         self,
-        specs: Sequence[EvalRun],
+        runs: Sequence[EvalRun],
         execute: Callable[[list[EvalRun]], Iterable[tuple[EvalRun, dict[str, Any]]]] | None = None,
     ) -> list[dict[str, Any]]:
-        """Run what is not finished yet; returns the records of all `specs`. `execute` runs the
-        episodes elsewhere (default: here, `workers` at a time; kvagent.evals.distributed: on Ray
+        """Run what is not finished yet; returns the records of all `runs`. `execute` runs the
+        episodes elsewhere (default: here, `concurrency` at a time; kvagent.evals.distributed: on Ray
         actors) and yields (run, record) as each finishes; this runner records them."""
-        unknown = sorted({s.instance_id for s in specs} - set(self.instances))
+        unknown = sorted({r.instance_id for r in runs} - set(self.instances))
         if unknown:
             raise KvagentError(f"eval: unknown instance(s) {', '.join(unknown[:5])}; check --instances")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        todo = self.pending(specs)
+        todo = self.pending(runs)
         done = set(load_records(self.run_dir))
-        to_execute = list(dict.fromkeys(s.canonical for s in todo if s.canonical.run_id not in done))
-        for spec, record in (execute or self._execute)(to_execute):
-            self._store(spec, record)
+        to_execute = list(dict.fromkeys(r.canonical for r in todo if r.canonical.run_id not in done))
+        for run, record in (execute or self._execute)(to_execute):
+            self._store(run, record)
         self._derive(todo)
         # A run that only hit infrastructure errors so far: its last error record (`infra_error`).
         records = load_records(self.run_dir, errors=True)
         self.write_predictions(r for r in records.values() if not is_infra_error(r))
-        return [records[s.run_id] for s in specs if s.run_id in records]
+        return [records[r.run_id] for r in runs if r.run_id in records]
 
-    def _execute(self, specs: list[EvalRun]) -> Iterator[tuple[EvalRun, dict[str, Any]]]:
-        if self.workers == 1:
+    def _execute(self, runs: list[EvalRun]) -> Iterator[tuple[EvalRun, dict[str, Any]]]:
+        if self.concurrency == 1:
             # In the calling thread, so Ctrl-C stops the episode at once.
-            for spec in specs:
-                yield spec, self.run_one(spec)
+            for run in runs:
+                yield run, self.run_one(run)
             return
-        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="kvagent-eval")
+        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="kvagent-eval")
         try:
-            queue = iter(specs)
-            running = {pool.submit(self.run_one, s): s for s in _take(queue, self.workers)}
+            queue = iter(runs)
+            running = {pool.submit(self.run_one, r): r for r in _take(queue, self.concurrency)}
             while running:
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    spec = running.pop(fut)
-                    yield spec, fut.result()
+                    run = running.pop(fut)
+                    yield run, fut.result()
                     for nxt in _take(queue, 1):
                         running[pool.submit(self.run_one, nxt)] = nxt
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _store(self, spec: EvalRun, record: dict[str, Any]) -> None:
+    def _store(self, run: EvalRun, record: dict[str, Any]) -> None:
         with self._lock:
             append_jsonl(self.run_dir / RUNS_FILE, record)
         if self.on_update:
-            self.on_update("done", spec, record)
+            self.on_update("done", run, record)
 
     def _derive(self, todo: Sequence[EvalRun]) -> None:
         """Record dense runs of other modes from their canonical run."""
         records = load_records(self.run_dir)
-        for spec in todo:
-            if spec.canonical == spec or spec.run_id in records:
+        for run in todo:
+            if run.canonical == run or run.run_id in records:
                 continue
-            base = records.get(spec.canonical.run_id)
+            base = records.get(run.canonical.run_id)
             if base is None:
                 continue
-            derived = {**base, "run_id": spec.run_id, "mode": spec.spec.mode, "config": spec.label}
+            derived = {**base, **run.spec.record(), "run_id": run.run_id, "config": run.label}
             derived["derived_from"] = base["run_id"]
-            self._store(spec, derived)
+            self._store(run, derived)
 
     # -------------------------------------------------------------------- one run
     def run_one(self, run: EvalRun) -> dict[str, Any]:
@@ -227,13 +221,7 @@ class EvalRunner:
             "run_id": run.run_id,
             "config": run.label,
             "instance_id": run.instance_id,
-            "policy": spec.policy,
-            "mode": spec.mode,
-            "budget": spec.budget,
-            "seed": spec.seed,
-            "scope": spec.scope,
-            "protect": spec.protect,
-            "head_budget": spec.head_budget,
+            **spec.record(),  # what identifies the run (RunSpec.from_record reads it back)
             "model": self.model_name,
             "scaffold": self.agent_config.scaffold,  # protocol profile (docs/deepswe.md)
             "history": self.agent_config.history,
@@ -242,6 +230,10 @@ class EvalRunner:
             "infra_error": crashed or grade_infra,
             "resolved": bool(grading.get("resolved", False)),
             "grade_status": grading.get("status") if grading else None,
+            # The image could not run the tests (an infra error: not counted, redone), and an image
+            # on another Python than swebench's spec (evals/interpreter.py): both named in the report.
+            "env_error": grading.get("env_error"),
+            "environment": grading.get("environment"),
             "steps": result.steps if result is not None else 0,
             "tokens": result.logical_length if result is not None else 0,
             "evictions": last.get("rounds", 0),

@@ -1,10 +1,11 @@
 """Docker images, in one place: looking one up, `docker build` with the network off, and the
-registry-free base image (debootstrap a minimal Debian, then `docker import` it).
+registry-free base images (debootstrap a minimal Debian, then `docker import` it), one per Debian
+release, each with that release's CPython.
 
-Air-gapped clusters have an apt mirror but no Docker registry, so the base image is made from the
+Air-gapped clusters have an apt mirror but no Docker registry, so a base image is made from the
 mirror apt already uses. The rootfs tarball is cached under ~/.cache/kvagent so rebuilding after
-`docker rmi` only re-imports it. Instance images (`kvagent.evals.images`) are built on top of it
-with `build_image`.
+`docker rmi` only re-imports it. Instance images (`kvagent.evals.images`) are built on top of the
+release whose Python the instance needs, with `build_image`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,54 @@ from kvagent.sandbox.errors import SandboxError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TAG = "kvagent/base:bookworm"
 PACKAGES = ("python3", "git", "patch")
+
+
+@dataclass(frozen=True)
+class Release:
+    """A Debian release a base image can be made from: its python3 and its glibc (wheel tags)."""
+
+    suite: str
+    python: str
+    glibc: str  # manylinux_<glibc>_x86_64 wheels run on it
+    extra_packages: tuple[str, ...] = ()
+
+    @property
+    def tag(self) -> str:
+        return base_tag(self.suite)
+
+
+# The releases the Debian mirror serves (buster, with 3.7, is archived: gone from the mirrors).
+# bullseye splits distutils out of the standard library; old setup.py files still import it.
+RELEASES = {
+    r.suite: r
+    for r in (
+        Release("bullseye", "3.9", "2_31", ("python3-distutils",)),
+        Release("bookworm", "3.11", "2_36"),
+        Release("trixie", "3.13", "2_41"),
+    )
+}
+DEFAULT_SUITE = "bookworm"
+DEFAULT_TAG = "kvagent/base:bookworm"
+
+
+def base_tag(suite: str) -> str:
+    return f"kvagent/base:{suite}"
+
+
+def release_for_python(python: str) -> Release:
+    """The release that ships CPython `python` (X.Y); a KvagentError naming those that exist."""
+    for r in RELEASES.values():
+        if r.python == python:
+            return r
+    have = ", ".join(f"{r.python} ({r.suite})" for r in RELEASES.values())
+    raise SandboxError(f"no Debian release ships Python {python}; base images have {have}")
+
+
+def _suite_of(tag: str, default: str) -> str:
+    """`kvagent/base:SUITE` names its release; any other tag is built from `default`."""
+    repo, _, version = tag.rpartition(":")
+    return version if repo == "kvagent/base" and version in RELEASES else default
 
 
 def apt_mirror(suite: str = "bookworm", apt_dir: str | Path = "/etc/apt") -> str | None:
@@ -122,6 +170,7 @@ def build_image(context: str | Path, tag: str, log_path: str | Path, client: Any
 
 
 def _rootfs_tarball(suite: str, force: bool) -> Path:
+    extra = RELEASES[suite].extra_packages if suite in RELEASES else ()
     out = cache_dir() / f"rootfs-{suite}-minbase.tar"
     if out.exists() and not force:
         return out
@@ -136,7 +185,7 @@ def _rootfs_tarball(suite: str, force: bool) -> Path:
         cmd = [
             "debootstrap",
             "--variant=minbase",
-            "--include=" + ",".join(PACKAGES),
+            "--include=" + ",".join((*PACKAGES, *extra)),
             suite,
             str(root),
             *([mirror] if mirror else []),
@@ -158,12 +207,14 @@ def _rootfs_tarball(suite: str, force: bool) -> Path:
 
 
 def build_base_image(
-    tag: str = DEFAULT_TAG, force: bool = False, suite: str = "bookworm", client: Any = None
+    tag: str | None = None, force: bool = False, suite: str = DEFAULT_SUITE, client: Any = None
 ) -> str:
-    """Build (or reuse) a minimal Debian image with python3, git and patch; returns the tag.
+    """Build (or reuse) a minimal Debian `suite` image with python3, git and patch; returns the tag
+    (default `kvagent/base:SUITE`).
 
     Skipped when `tag` already exists unless `force`; `force` also redoes debootstrap.
     """
+    tag = tag or base_tag(suite)
     if not force and image_exists(tag, client):
         return tag
     tarball = _rootfs_tarball(suite, force)
@@ -185,9 +236,9 @@ def ensure_base_image(
     tag: str = DEFAULT_TAG, log: Callable[[str], None] | None = None, client: Any = None
 ) -> str:
     """The base image tag, built on first use (tests call this once per session); `log` hears of a
-    build."""
+    build. `kvagent/base:SUITE` is built from that Debian release, any other tag from bookworm."""
     if image_exists(tag, client):
         return tag
     if log is not None:
         log(f"building base image {tag} (debootstrap; a few minutes)")
-    return build_base_image(tag=tag, force=False, client=client)
+    return build_base_image(tag=tag, force=False, suite=_suite_of(tag, DEFAULT_SUITE), client=client)

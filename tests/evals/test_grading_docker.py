@@ -13,8 +13,7 @@ import pytest
 from kvagent.cli.environments import grading_sandbox
 from kvagent.evals.datasets import load_instances
 from kvagent.evals.grading import grade_instance, grade_predictions
-from kvagent.evals.images import BASE_TAG, build_instance_image
-from kvagent.sandbox.images import ensure_base_image
+from kvagent.evals.images import build_instance_image
 from tests.helpers import require_docker
 
 pytestmark = pytest.mark.slow
@@ -40,7 +39,6 @@ def client():
 
 @pytest.fixture(scope="module")
 def image(client):
-    ensure_base_image(BASE_TAG)
     return build_instance_image(IID, client=client)
 
 

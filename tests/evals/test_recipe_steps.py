@@ -63,10 +63,11 @@ def test_dockerfile_lines():
     assert dockerfile_lines(Steps(install="make"), "x")[1] == "(make)"
 
 
-def _graded(f2p_ok, f2p_bad, p2p_bad=(), resolved=False, error=None):
+def _graded(f2p_ok, f2p_bad, p2p_bad=(), resolved=False, error=None, missing=()):
     return {
         "resolved": resolved,
         "error": error,
+        "missing_tests": list(missing),
         "tests_status": {
             "FAIL_TO_PASS": {"success": list(f2p_ok), "failure": list(f2p_bad)},
             "PASS_TO_PASS": {"success": [], "failure": list(p2p_bad)},
@@ -76,7 +77,25 @@ def _graded(f2p_ok, f2p_bad, p2p_bad=(), resolved=False, error=None):
 
 def test_judge_verified():
     out = judge(_graded([], ["t1"]), _graded(["t1"], [], resolved=True))
-    assert out == {"reasons": [], "empty_fails": True, "f2p_fail_before": True, "gold_resolves": True}
+    assert out == {
+        "reasons": [],
+        "empty_fails": True,
+        "f2p_fail_before": True,
+        "tests_found": True,
+        "gold_resolves": True,
+    }
+
+
+def test_judge_refuses_a_gold_run_whose_log_lacks_names():
+    """Even where swebench would call the gold patch resolved (a FAIL_ONLY repository counts an
+    absent test as passing), a name with no result in the log is not verified; the reason shows
+    the first missing names."""
+    missing = [f"test_{i} (app.tests.T)" for i in range(7)]
+    out = judge(_graded([], ["t1"]), _graded(["t1"], [], resolved=True, missing=missing))
+    assert out["tests_found"] is False and out["gold_resolves"] is True
+    (reason,) = out["reasons"]
+    assert reason.startswith("7 FAIL_TO_PASS/PASS_TO_PASS names are not in the gold run's test output: ")
+    assert "test_0 (app.tests.T), test_1 (app.tests.T)" in reason and reason.endswith("(+2 more)")
 
 
 def test_judge_names_each_failure():
@@ -92,8 +111,10 @@ def test_judge_names_each_failure():
 def test_format_report():
     rep = {"instance_id": "x__y-1", "builds": True, "f2p_fail_before": False, "empty_fails": True}
     rep |= {"gold_resolves": None, "ok": False, "reasons": ["why"]}
+    rep["environment"] = "environment differs: python 3.9 (spec 3.10)"
     assert format_report(rep).splitlines() == [
-        "x__y-1  builds yes  f2p_fail_before NO  empty_fails yes  gold_resolves -  => NOT verified",
+        "x__y-1  builds yes  tests_found -  f2p_fail_before NO  empty_fails yes  gold_resolves -  => NOT verified",
+        "    environment differs: python 3.9 (spec 3.10)",
         "    why",
     ]
 

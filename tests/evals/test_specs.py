@@ -17,6 +17,8 @@ DATA = Path(__file__).parent / "data" / "harness_instances.jsonl"
 # What swebench's spec for each instance's (repo, version) runs, written out by hand from the
 # harness's constants so a change in how kvagent asks for them shows here.
 EXPECTED = {
+    "django__django-15851": "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 "
+    "dbshell.test_postgresql",
     "django__django-16595": "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 "
     "migrations.test_optimizer",
     "sympy__sympy-24909": "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose "
