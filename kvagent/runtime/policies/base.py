@@ -7,9 +7,11 @@ compaction, bookkeeping), so a policy is a few lines of scoring math.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+
+from kvagent.runtime.policies._args import reject_unknown, validate
 
 
 @dataclass
@@ -50,10 +52,17 @@ class LayerView:
         return self.keys.shape[-2]
 
 
+@dataclass
 class BasePolicy:
     """The one policy contract: `scores(view)` gives (B, H_kv, N) or (B, 1, N) keep priorities (higher
     = keep; +inf forces a keep) and the runtime keeps the top `budget` per head. Subclasses override
-    `scores` and the class attributes; the rest are defaults."""
+    `scores` and the class attributes; the rest are defaults.
+
+    Knobs are dataclass fields of the subclass (`@dataclass`, defaults from `_args.knob` and its
+    typed variants, which name the field's check). `make_policy` refuses unknown knobs and
+    `__post_init__` runs each field's check, so a subclass writes neither `__init__` nor `__repr__`
+    (the dataclass generates it). The class attributes below are not fields: a subclass may
+    derive one from a knob (a property, or a field of the same name, as nexus's `block`)."""
 
     name = "base"
     shared_across_heads = False  # one keep-set for all heads of a layer (nexus) or one per head
@@ -62,13 +71,10 @@ class BasePolicy:
     adaptive_heads = False  # scores comparable across heads: head_budget=adaptive may use them
     # Constructor arguments the session fills from the model (Engine.model_facts) when policy_args
     # leaves them out, e.g. TriAttention's RoPE base: a user should not have to copy it by hand.
-    model_args: tuple[str, ...] = ()
+    model_args: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, **kwargs: Any) -> None:
-        if kwargs:
-            raise TypeError(
-                f"policy {self.name!r} takes no option(s) {sorted(kwargs)}; remove them from policy_args"
-            )
+    def __post_init__(self) -> None:
+        validate(self)
 
     def layer_budgets(self, budget: int, n_layers: int) -> list[int]:
         """Per-layer K. Uniform by default; PyramidKV overrides (same total)."""
@@ -80,15 +86,14 @@ class BasePolicy:
     def scores(self, view: LayerView) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
 
 _REGISTRY: dict[str, type[BasePolicy]] = {}
 
 
 def register(cls: type[BasePolicy]) -> type[BasePolicy]:
     """Class decorator: make a policy available by its `name` in CacheConfig.policy."""
+    if "__init__" in vars(cls) and "__dataclass_fields__" not in vars(cls):
+        raise TypeError(f"policy {cls.name!r}: declare its knobs as dataclass fields, not in __init__")
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -115,9 +120,13 @@ def model_defaults(name: str, facts: dict[str, Any], policy_args: dict[str, Any]
 
 
 def make_policy(name: str, **policy_args: Any) -> BasePolicy:
+    """The one way a policy is made from user options: unknown knobs are refused naming the valid
+    ones, and every knob's check runs (a one-line ConfigError either way)."""
     check_policy(name)
+    cls = _REGISTRY[name]
+    reject_unknown(name, policy_args, cls)
     try:
-        return _REGISTRY[name](**policy_args)
+        return cls(**policy_args)
     except TypeError as e:
         from kvagent.errors import ConfigError
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from kvagent.runtime.policies._args import float_arg, reject_unknown
+from kvagent.runtime.policies._args import float_knob
 from kvagent.runtime.policies._attn import group_sum_attention
 from kvagent.runtime.policies._keep import rank_first
 from kvagent.runtime.policies.base import BasePolicy, LayerView, register
 
 
 @register
+@dataclass
 class H2OPolicy(BasePolicy):
     """H2O (Zhang et al., 2023, "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of LLMs").
 
@@ -29,11 +32,7 @@ class H2OPolicy(BasePolicy):
     adaptive_heads = True  # attention mass: comparable across heads (Ada-KV)
     needs_pending_queries = True
 
-    def __init__(self, recent: float = 0.5, **unknown) -> None:
-        reject_unknown(self.name, unknown, ["recent"])
-        self.recent = float_arg(
-            "recent", recent, 0.0, 1.0, " (fraction of the budget; 0 = pure heavy hitters)"
-        )
+    recent: float = float_knob(0.5, 0.0, 1.0, " (fraction of the budget; 0 = pure heavy hitters)")
 
     def absorb(self, view: LayerView) -> None:
         """Add the pending queries' attention rows to the accumulated score."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvagent.runtime.policies._args import reject_unknown
 from kvagent.runtime.policies.base import BasePolicy, LayerView, register
 
 
@@ -22,9 +21,6 @@ class KeyDiffPolicy(BasePolicy):
     """
 
     name = "keydiff"
-
-    def __init__(self, **unknown) -> None:
-        reject_unknown(self.name, unknown, [])
 
     def scores(self, view: LayerView) -> torch.Tensor:
         k = F.normalize(view.keys.float(), dim=-1)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from kvagent.runtime.policies._args import reject_unknown
 from kvagent.runtime.policies.base import BasePolicy, LayerView, register
 
 
@@ -31,9 +30,6 @@ class KNormPolicy(BasePolicy):
     """
 
     name = "knorm"
-
-    def __init__(self, **unknown) -> None:
-        reject_unknown(self.name, unknown, [])
 
     def scores(self, view: LayerView) -> torch.Tensor:
         return -round_relative(view.keys.float().norm(dim=-1))

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kvagent.errors import ConfigError
-from kvagent.runtime.policies._args import bool_arg, float_arg, int_arg, reject_unknown
+from kvagent.runtime.policies._args import bool_knob, float_knob, int_knob, knob
 from kvagent.runtime.policies._attn import window_attention
 from kvagent.runtime.policies.base import BasePolicy, LayerView, register
 
-_NEXUS_ARGS = ["block", "walk_steps", "lam", "n", "eps_tie", "recent_blocks", "sink_blocks", "normalize"]
 _TINY = 1e-20  # floor on weights and row sums: keeps logs finite, never changes an order
 
 
@@ -78,7 +78,19 @@ def log_priority(w: torch.Tensor, n: float, generator: torch.Generator) -> torch
     return lp.to(w.device)
 
 
+def sample_count(name: str, value: Any) -> float:
+    """Nexus's n: draws averaged per block; 0 or inf is the deterministic limit."""
+    if (isinstance(value, int) and not isinstance(value, bool) and value >= 0) or (
+        isinstance(value, float) and value == math.inf
+    ):
+        return value
+    raise ConfigError(
+        f"policy_args.{name}: must be an int >= 1, or 0 / inf for deterministic top-K, got {value!r}"
+    )
+
+
 @register
+@dataclass
 class NexusPolicy(BasePolicy):
     """Nexus Sampling (this project's method; see docs/architecture.md, "Policies").
 
@@ -93,34 +105,14 @@ class NexusPolicy(BasePolicy):
     name = "nexus"
     shared_across_heads = True
 
-    def __init__(
-        self,
-        block: int = 32,
-        walk_steps: int = 3,
-        lam: float = 0.5,
-        n: float = 5,
-        eps_tie: float = 1e-6,
-        recent_blocks: int = 1,
-        sink_blocks: int = 1,
-        normalize: bool = False,
-        **unknown: Any,
-    ) -> None:
-        reject_unknown(self.name, unknown, _NEXUS_ARGS)
-        self.block = int_arg("block", block, 1)
-        self.walk_steps = int_arg("walk_steps", walk_steps, 0)
-        self.lam = float_arg("lam", lam)
-        self.eps_tie = float_arg("eps_tie", eps_tie)
-        if not (
-            (isinstance(n, int) and not isinstance(n, bool) and n >= 0)
-            or (isinstance(n, float) and n == math.inf)
-        ):
-            raise ConfigError(
-                f"policy_args.n: must be an int >= 1, or 0 / inf for deterministic top-K, got {n!r}"
-            )
-        self.n = n
-        self.recent_blocks = int_arg("recent_blocks", recent_blocks, 0)
-        self.sink_blocks = int_arg("sink_blocks", sink_blocks, 0)
-        self.normalize = bool_arg("normalize", normalize)
+    block: int = int_knob(32, 1)  # the contract's block granularity, set by this knob
+    walk_steps: int = int_knob(3, 0)
+    lam: float = float_knob(0.5)
+    n: float = knob(5, sample_count)
+    eps_tie: float = float_knob(1e-6)
+    recent_blocks: int = int_knob(1, 0)
+    sink_blocks: int = int_knob(1, 0)
+    normalize: bool = bool_knob(False)
 
     def block_priorities(self, view: LayerView) -> torch.Tensor:
         """(B, n_blocks) log-priority per candidate block, +inf for forced blocks."""
@@ -164,10 +156,3 @@ class NexusPolicy(BasePolicy):
         cand = ids >= 0
         out[:, 0, cand] = lp[:, ids[cand]]
         return out.to(view.keys.device)
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(block={self.block}, walk_steps={self.walk_steps}, lam={self.lam}, "
-            f"n={self.n}, eps_tie={self.eps_tie}, recent_blocks={self.recent_blocks}, sink_blocks={self.sink_blocks}, "
-            f"normalize={self.normalize})"
-        )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from kvagent.runtime.policies._args import float_arg, int_arg, reject_unknown
+from dataclasses import dataclass
+
+from kvagent.runtime.policies._args import float_knob, int_knob
 from kvagent.runtime.policies.base import register
-from kvagent.runtime.policies.snapkv import SnapKVPolicy, check_snapkv_args
+from kvagent.runtime.policies.snapkv import SnapKVPolicy
 
 
 @register
+@dataclass
 class PyramidKVPolicy(SnapKVPolicy):
     """PyramidKV (Cai et al., 2024, "PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling").
 
@@ -18,13 +21,8 @@ class PyramidKVPolicy(SnapKVPolicy):
 
     name = "pyramidkv"
 
-    def __init__(
-        self, beta: float = 20.0, min_budget: int = 16, kernel: int = 7, keep_window: bool = True, **unknown
-    ) -> None:
-        reject_unknown(self.name, unknown, ["beta", "min_budget", "kernel", "keep_window"])
-        self.beta = float_arg("beta", beta, lo=1.0, hint=" (1 = uniform budgets)")
-        self.min_budget = int_arg("min_budget", min_budget, 1)
-        self.kernel, self.keep_window = check_snapkv_args(kernel, keep_window)
+    beta: float = float_knob(20.0, lo=1.0, hint=" (1 = uniform budgets)")
+    min_budget: int = int_knob(16, 1)
 
     def layer_budgets(self, budget: int, n_layers: int) -> list[int]:
         budget, n_layers = int(budget), int(n_layers)
@@ -43,6 +41,3 @@ class PyramidKVPolicy(SnapKVPolicy):
         for i in range(rem):
             out[i] += 1
         return out
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(beta={self.beta}, min_budget={self.min_budget}, kernel={self.kernel})"

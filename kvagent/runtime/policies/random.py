@@ -1,12 +1,15 @@
 """Random Attention: i.i.d. uniform keep priorities, drawn afresh per KV head per round."""
 
+from dataclasses import dataclass
+
 import torch
 
-from kvagent.runtime.policies._args import bool_arg, reject_unknown
+from kvagent.runtime.policies._args import bool_knob
 from kvagent.runtime.policies.base import BasePolicy, LayerView, register
 
 
 @register
+@dataclass
 class RandomPolicy(BasePolicy):
     """Random Attention (uniform random eviction per KV head; with protect=prompt, the paper's whole method).
 
@@ -17,9 +20,11 @@ class RandomPolicy(BasePolicy):
 
     name = "random"
 
-    def __init__(self, shared: bool = False, **unknown) -> None:
-        reject_unknown(self.name, unknown, ["shared"])
-        self.shared_across_heads = bool_arg("shared", shared)
+    shared: bool = bool_knob(False)
+
+    @property
+    def shared_across_heads(self) -> bool:
+        return self.shared
 
     def scores(self, view: LayerView) -> torch.Tensor:
         b, h, n = view.positions.shape
@@ -28,6 +33,3 @@ class RandomPolicy(BasePolicy):
         g = view.generator
         u = torch.rand((b, heads, n), generator=g, device=g.device)
         return u.to(view.keys.device)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(shared={self.shared_across_heads})"

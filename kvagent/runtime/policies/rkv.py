@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from kvagent.runtime.policies._args import float_arg, reject_unknown
+from kvagent.runtime.policies._args import bool_knob, float_knob, knob, odd_kernel
 from kvagent.runtime.policies._keep import rank_first
 from kvagent.runtime.policies.base import BasePolicy, LayerView, register
-from kvagent.runtime.policies.snapkv import check_snapkv_args, window_mask
+from kvagent.runtime.policies.snapkv import window_mask
 
 # Bound on the float32 similarity rows materialised at once (B*H_kv*rows*N), as in _attn.
 _MAX_ELEMS = 1 << 26
@@ -62,6 +64,7 @@ def redundancy(keys: torch.Tensor, threshold: float) -> torch.Tensor:
 
 
 @register
+@dataclass
 class RKVPolicy(BasePolicy):
     """R-KV (Cai, Xiao, Sun, Luo, Zhang, Wan, Li, Zhou, Chang, Gu, Dong, Anandkumar, Asi, Hu, 2025,
     "R-KV: Redundancy-aware KV Cache Compression for Reasoning Models", arXiv:2505.24133).
@@ -77,13 +80,10 @@ class RKVPolicy(BasePolicy):
     name = "rkv"
     adaptive_heads = True  # attention and redundancy distributions per head: comparable (Ada-KV)
 
-    def __init__(
-        self, lam: float = 0.1, threshold: float = 0.5, kernel: int = 7, keep_window: bool = True, **unknown
-    ) -> None:
-        reject_unknown(self.name, unknown, ["lam", "threshold", "kernel", "keep_window"])
-        self.lam = float_arg("lam", lam, 0.0, 1.0, " (1 = attention only, 0 = redundancy only)")
-        self.threshold = float_arg("threshold", threshold, -1.0, 1.0, " (a cosine similarity)")
-        self.kernel, self.keep_window = check_snapkv_args(kernel, keep_window)
+    lam: float = float_knob(0.1, 0.0, 1.0, " (1 = attention only, 0 = redundancy only)")
+    threshold: float = float_knob(0.5, -1.0, 1.0, " (a cosine similarity)")
+    kernel: int = knob(7, odd_kernel)
+    keep_window: bool = bool_knob(True)
 
     def scores(self, view: LayerView) -> torch.Tensor:
         s = self.lam * importance(view, self.kernel)
@@ -92,9 +92,3 @@ class RKVPolicy(BasePolicy):
         if self.keep_window:
             s = rank_first(s, window_mask(view))
         return s
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(lam={self.lam}, threshold={self.threshold}, kernel={self.kernel}, "
-            f"keep_window={self.keep_window})"
-        )

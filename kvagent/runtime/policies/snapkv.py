@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from kvagent.errors import ConfigError
-from kvagent.runtime.policies._args import bool_arg, reject_unknown
+from kvagent.runtime.policies._args import bool_knob, knob, odd_kernel
 from kvagent.runtime.policies._attn import window_attention
 from kvagent.runtime.policies._keep import rank_first
 from kvagent.runtime.policies.base import BasePolicy, LayerView, register
@@ -39,13 +38,8 @@ def window_mask(view: LayerView) -> torch.Tensor:
     return view.positions >= first
 
 
-def check_snapkv_args(kernel: Any, keep_window: Any) -> tuple[int, bool]:
-    if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
-        raise ConfigError(f"policy_args.kernel: must be an odd int >= 1 (same padding), got {kernel!r}")
-    return kernel, bool_arg("keep_window", keep_window)
-
-
 @register
+@dataclass
 class SnapKVPolicy(BasePolicy):
     """SnapKV (Li et al., 2024, "SnapKV: LLM Knows What You are Looking for Before Generation").
 
@@ -57,15 +51,11 @@ class SnapKVPolicy(BasePolicy):
     name = "snapkv"
     adaptive_heads = True  # attention mass: comparable across heads (Ada-KV)
 
-    def __init__(self, kernel: int = 7, keep_window: bool = True, **unknown) -> None:
-        reject_unknown(self.name, unknown, ["kernel", "keep_window"])
-        self.kernel, self.keep_window = check_snapkv_args(kernel, keep_window)
+    kernel: int = knob(7, odd_kernel)
+    keep_window: bool = bool_knob(True)
 
     def scores(self, view: LayerView) -> torch.Tensor:
         s = snapkv_scores(view, self.kernel)
         if self.keep_window:
             s = rank_first(s, window_mask(view))
         return s
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(kernel={self.kernel}, keep_window={self.keep_window})"

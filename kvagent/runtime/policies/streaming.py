@@ -1,11 +1,15 @@
 """StreamingLLM: attention sinks plus the most recent entries."""
 
+from dataclasses import dataclass
+
 import torch
 
+from kvagent.runtime.policies._args import int_knob
 from kvagent.runtime.policies.base import BasePolicy, LayerView, register
 
 
 @register
+@dataclass
 class StreamingPolicy(BasePolicy):
     """StreamingLLM (Xiao et al., 2023, "Efficient Streaming Language Models with Attention Sinks").
 
@@ -14,12 +18,7 @@ class StreamingPolicy(BasePolicy):
 
     name = "streaming"
 
-    def __init__(self, sink: int = 4) -> None:
-        if sink < 0:
-            from kvagent.errors import ConfigError
-
-            raise ConfigError(f"policy_args.sink: must be >= 0, got {sink}")
-        self.sink = int(sink)
+    sink: int = int_knob(4, 0)
 
     def scores(self, view: LayerView) -> torch.Tensor:
         pos = view.positions.to(torch.float32)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from kvagent.runtime.policies._args import bool_arg, reject_unknown
+from kvagent.runtime.policies._args import bool_knob
 from kvagent.runtime.policies._attn import window_attention
 from kvagent.runtime.policies.base import BasePolicy, LayerView, register
 
 
 @register
+@dataclass
 class TOVAPolicy(BasePolicy):
     """TOVA (Oren, Hassid, Yarden, Adi, Schwartz, 2024, "Transformers are Multi-State RNNs",
     arXiv:2401.06104).
@@ -23,9 +26,11 @@ class TOVAPolicy(BasePolicy):
     name = "tova"
     adaptive_heads = True  # attention mass: comparable across heads (Ada-KV)
 
-    def __init__(self, shared: bool = True, **unknown) -> None:
-        reject_unknown(self.name, unknown, ["shared"])
-        self.shared_across_heads = bool_arg("shared", shared)
+    shared: bool = bool_knob(True)
+
+    @property
+    def shared_across_heads(self) -> bool:
+        return self.shared
 
     def scores(self, view: LayerView) -> torch.Tensor:
         b, hkv, n = view.positions.shape
@@ -44,6 +49,3 @@ class TOVAPolicy(BasePolicy):
             # One keep-set per layer from the start, so entry n holds the same position in every head.
             return probs.mean(dim=1, keepdim=True)
         return probs.reshape(b, hkv, view.group_size, n).mean(dim=2)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(shared={self.shared_across_heads})"

@@ -6,16 +6,15 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from kvagent.runtime.policies._args import bool_arg, float_arg, int_arg, reject_unknown
+from kvagent.runtime.policies._args import bool_knob, float_arg, int_knob, knob, optional
 from kvagent.runtime.policies._keep import rank_first
 from kvagent.runtime.policies.base import BasePolicy, LayerView, register
 from kvagent.runtime.policies.knorm import round_relative
-
-_ARGS = ["rope_theta", "offset_max", "normalize", "recent", "inv_freq"]
 
 
 @functools.cache
@@ -95,7 +94,13 @@ def norm_scores(view: LayerView) -> torch.Tensor:
     return round_relative(s.reshape(b, hkv * g, n))  # repeated tokens tie exactly in layer 0
 
 
+def frequencies(name: str, value: Any) -> torch.Tensor | None:
+    """RoPE angular frequencies as a flat float64 tensor (the model's, via Engine.model_facts)."""
+    return None if value is None else torch.as_tensor(value, dtype=torch.float64).flatten()
+
+
 @register
+@dataclass
 class TriAttentionPolicy(BasePolicy):
     """TriAttention (Mao, Lin, Huang, Xie, Fu, et al., 2026, "TriAttention: Efficient Long Reasoning
     with Trigonometric KV Compression", arXiv:2604.04921; code github.com/WeianMao/triattention).
@@ -120,21 +125,12 @@ class TriAttentionPolicy(BasePolicy):
     name = "triattention"
     model_args = ("inv_freq",)
 
-    def __init__(
-        self,
-        rope_theta: float | None = None,
-        offset_max: int = 65536,
-        normalize: bool = True,
-        recent: int = 128,
-        inv_freq: torch.Tensor | None = None,
-        **unknown: Any,
-    ) -> None:
-        reject_unknown(self.name, unknown, _ARGS)
-        self.rope_theta = None if rope_theta is None else float_arg("rope_theta", rope_theta, 1.0)
-        self.inv_freq = None if inv_freq is None else torch.as_tensor(inv_freq, dtype=torch.float64).flatten()
-        self.offset_max = int_arg("offset_max", offset_max, 1)
-        self.normalize = bool_arg("normalize", normalize)
-        self.recent = int_arg("recent", recent, 0)
+    rope_theta: float | None = knob(None, optional(functools.partial(float_arg, lo=1.0)))
+    offset_max: int = int_knob(65536, 1)
+    normalize: bool = bool_knob(True)
+    recent: int = int_knob(128, 0)
+    # From the model unless given; left out of the repr (D/2 numbers) and of ==.
+    inv_freq: torch.Tensor | None = knob(None, frequencies, repr=False, compare=False)
 
     def scores(self, view: LayerView) -> torch.Tensor:
         b, hkv, n = view.positions.shape
@@ -175,10 +171,3 @@ class TriAttentionPolicy(BasePolicy):
                 )
             return self.inv_freq.to(view.keys.device)
         return None
-
-    def __repr__(self) -> str:
-        freq = "" if self.inv_freq is None or self.rope_theta is not None else ", inv_freq=<model>"
-        return (
-            f"{type(self).__name__}(rope_theta={self.rope_theta}{freq}, offset_max={self.offset_max}, "
-            f"normalize={self.normalize}, recent={self.recent})"
-        )
