@@ -72,6 +72,7 @@ class Sandbox(ABC):
     tools_dir: str  # where the tool scripts live inside the sandbox
     state_dir: str  # writable scratch kept for the sandbox's lifetime (editor history, params)
     tool_python: str  # interpreter used for tool scripts
+    task_python: str | None = None  # the task's own interpreter, if any: the r2egym tools run under it
     setup: str = ""  # shell prefix run before every command (e.g. conda activation)
     base_commit: str = ""
     copy_note: str = ""  # one line when the copy carried uncommitted changes of the checkout
@@ -135,7 +136,8 @@ class Sandbox(ABC):
         blob = json.dumps(params)
         env = {"KVAGENT_TOOL_TIMEOUT": repr(float(timeout)), "KVAGENT_STATE_DIR": self.state_dir}
         script = shlex.quote(f"{self.tools_dir}/{name}.py")
-        cmd = f"{shlex.quote(self.tool_python)} {script}"
+        python = self.task_python if name in R2EGYM_TOOL_NAMES and self.task_python else self.tool_python
+        cmd = f"{shlex.quote(python)} {script}"
         if len(blob) < PARAMS_ENV_MAX:
             env["KVAGENT_TOOL_PARAMS"] = blob  # saves a copy round trip per call
         else:  # argv/env strings are limited to 128 KiB; file_text can exceed that

@@ -53,6 +53,9 @@ for p in /opt/miniconda3/bin/python3 /usr/bin/python3 /usr/local/bin/python3; do
 done
 command -v python3 || command -v python || exit 1
 """
+# R2E images keep the task's interpreter here (python 3.6 on old tasks); R2E-Gym's tools run under it
+# (their `#!/root/.venv/bin/python`), so the r2egym tool scripts do too where it exists.
+TASK_PYTHON = "/root/.venv/bin/python"
 
 # Runs `timeout -s KILL T CMD...` in the background so its pid (= its process group: timeout
 # makes itself a group leader) is known, then kills that group once the command returns.
@@ -196,6 +199,8 @@ class DockerSandbox(Sandbox):
                 f"image {self.image!r} has no python3 for the tools; use an image with python3"
             )
         self.tool_python = py.output.strip().splitlines()[-1]
+        task = self._exec_raw(["sh", "-c", f"test -x {TASK_PYTHON} && {TASK_PYTHON} -c 'print(1)'"], 60)
+        self.task_python = TASK_PYTHON if task.exit_code == 0 and task.output.strip() == "1" else None
         if self.setup == "auto":
             probe = self._exec_raw(["sh", "-c", SETUP_PROBE.format(wd=shlex.quote(self.workdir))], 60)
             self.setup = probe.output.strip()

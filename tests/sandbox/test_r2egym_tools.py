@@ -300,16 +300,21 @@ def test_finish(sb):
     assert observation("finish", "", "0") == "<<< Finished >>>"
 
 
-@pytest.mark.parametrize("name", ["execute_bash", "file_editor", "search", "finish", "_r2e"])
-def test_r2egym_scripts_are_python37_stdlib(name):
+@pytest.mark.parametrize("name", ["execute_bash", "file_editor", "search", "finish", "_r2e", "../_toolkit"])
+def test_r2egym_scripts_are_python36_stdlib(name):
+    """They run under R2E images' task interpreter (python 3.6 on old tasks), as R2E-Gym's do: 3.6
+    syntax, the stdlib only, and none of the keyword arguments added in 3.7 (capture_output, text)."""
     import ast
     import re
 
     from kvagent.sandbox.base import R2EGYM_TOOL_NAMES, TOOLS_SRC
 
-    assert f"r2egym/{name}" in R2EGYM_TOOL_NAMES or name == "_r2e"
+    assert f"r2egym/{name}" in R2EGYM_TOOL_NAMES or name.startswith(("_", "../"))
     src = (TOOLS_SRC / "r2egym" / f"{name}.py").read_text()
-    ast.parse(src, feature_version=(3, 7))
+    tree = ast.parse(src, feature_version=(3, 6))
+    new_kwargs = [k.arg for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords]
+    assert not {"capture_output", "text"} & set(new_kwargs)
+    assert "from __future__ import annotations" not in src
     imported = set(re.findall(r"^(?:import|from) (\w+)", src, re.MULTILINE))
     stdlib = {
         "argparse",
@@ -324,3 +329,34 @@ def test_r2egym_scripts_are_python37_stdlib(name):
         "traceback",
     }
     assert imported <= stdlib | {"_r2e", "_toolkit"}
+
+
+def test_condensed_view_without_end_lineno_is_r2egyms_fallback():
+    """Python 3.6 has no end_lineno and reports a multi-line string at its last line; R2E-Gym's
+    editor then counts the docstring back and takes the deepest line of the last statement."""
+    import ast
+    import importlib.util
+    import sys
+
+    from kvagent.sandbox.base import TOOLS_SRC
+
+    sys.path.insert(0, str(TOOLS_SRC / "r2egym"))
+    try:
+        spec = importlib.util.spec_from_file_location("r2e_editor", TOOLS_SRC / "r2egym" / "file_editor.py")
+        editor = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(editor)
+    finally:
+        sys.path.remove(str(TOOLS_SRC / "r2egym"))
+    src = 'class K:\n    """one\n    two\n    three\n    four\n    """\n\n    def f(self):\n        """doc\n        more"""\n        a = 1\n        return (a +\n                2)\n'
+    tree = ast.parse(src)
+    cls, fn = tree.body[0], tree.body[0].body[1]
+    with_end = (editor.docstring_span(cls), editor.body_span(fn))
+    assert with_end == ((1, 5), (8, 12))  # python >= 3.8
+    for node in ast.walk(tree):  # what python 3.6 gives: no end_lineno, strings at their last line
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            node.lineno = node.value.lineno = node.end_lineno
+        for attr in ("end_lineno", "end_col_offset"):
+            if hasattr(node, attr):
+                delattr(node, attr)
+    assert editor.docstring_span(cls) == (1, 5)  # from the class line, to the string's (last) line
+    assert editor.body_span(fn) == (7, 12)  # docstring's 2 lines counted back from its last line

@@ -1,7 +1,8 @@
 """Shared pieces of the tool scripts: parameters, output and the error wrapper.
 
-Stdlib only, python >= 3.7 syntax (old task images). Not a tool: the scripts import it from their
-own directory, where both sandbox backends install it next to them.
+Stdlib only, python >= 3.6 (the r2egym scripts import it and run under old task images' own
+interpreter). Not a tool: the scripts import it from their own directory, where both sandbox
+backends install it next to them.
 """
 
 import contextlib

@@ -2,8 +2,8 @@
 """execute_bash (r2egym profile): run `--cmd` with /bin/sh and print `[STDOUT]` / `[STDERR]`
 sections, as R2E-Gym's r2egym execute_bash does.
 
-Stdlib only (plus _r2e.py beside it), python >= 3.7. A command whose first word is git, ipython,
-jupyter or nohup is refused (exit 1). A failing command's output is headed `Error executing command:`
+Stdlib only (plus _r2e.py beside it), python >= 3.6 (R2E images' task interpreter). A command
+whose first word is git, ipython, jupyter or nohup is refused (exit 1). A failing command's output is headed `Error executing command:`
 and the tool exits with its status. After $KVAGENT_TOOL_TIMEOUT seconds the command's process group
 is killed and the tool exits 124, which the agent reports as R2E-Gym's timeout.
 """

@@ -7,20 +7,20 @@ than 110 lines viewed whole is shown condensed (function bodies of 4+ lines and 
 elided); outputs past 10,000 characters are clipped with a note; errors print `ERROR: ...` with exit
 code 0. One difference: files are decoded as UTF-8 (else Latin-1) where R2E-Gym asks chardet.
 
-Stdlib only (plus _r2e.py beside it), python >= 3.7. Edit history lives in $KVAGENT_STATE_DIR.
+Stdlib only (plus _r2e.py beside it), python >= 3.6 (R2E images' task interpreter). Edit history
+lives in $KVAGENT_STATE_DIR.
 """
 
 import argparse
 import ast
 import json
 import os
-import subprocess
 import sys
 import traceback
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _r2e import argv, emit, state_path  # noqa: E402
+from _r2e import argv, captured, emit, state_path  # noqa: E402
 
 SNIPPET_LINES = 4
 MAX_RESPONSE_LEN = 10000
@@ -88,12 +88,33 @@ def lint(text, path):
         return str(e)
 
 
-def last_line(node):
-    """end_lineno (python >= 3.8), else the largest line number in the subtree."""
-    end = getattr(node, "end_lineno", None)
-    if end:
-        return end
-    return max([getattr(node, "lineno", 0)] + [last_line(c) for c in ast.iter_child_nodes(node)])
+def deepest_line(node):
+    """The largest line number in the subtree (what python < 3.8, without end_lineno, offers)."""
+    return max([getattr(node, "lineno", 0)] + [deepest_line(c) for c in ast.iter_child_nodes(node)])
+
+
+def body_span(node):
+    """0-based (first, last) line of a function body as R2E-Gym computes it. With end_lineno
+    (python >= 3.8): first statement to the end of the last. Without (the task's python 3.6 or 3.7,
+    which R2E-Gym's tools run under): the first statement's line less the docstring's line count
+    (a multi-line string reports its last line there), to the deepest line of the last statement."""
+    last = node.body[-1]
+    start = node.body[0].lineno - 1
+    if getattr(last, "end_lineno", None):
+        return start, last.end_lineno - 1
+    doc = ast.get_docstring(node)
+    if doc:
+        start -= doc.count("\n") + 1
+    return start, deepest_line(last) - 1
+
+
+def docstring_span(cls):
+    """0-based (first, last) line of a class docstring as R2E-Gym computes it; without end_lineno
+    it starts from the class line itself."""
+    first = cls.body[0]
+    if getattr(first, "end_lineno", None):
+        return first.lineno - 1, first.end_lineno - 1
+    return cls.lineno, deepest_line(first) - 1
 
 
 def elided_lines(path):
@@ -107,7 +128,7 @@ def elided_lines(path):
     ranges = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            start, end = node.body[0].lineno - 1, last_line(node.body[-1]) - 1
+            start, end = body_span(node)
             if end - start >= 3:
                 ranges.append((start, end))
         if isinstance(node, ast.ClassDef) and node.body:
@@ -115,7 +136,7 @@ def elided_lines(path):
             if isinstance(first, ast.Expr) and isinstance(
                 getattr(first.value, "value", getattr(first.value, "s", None)), str
             ):
-                start, end = first.lineno - 1, last_line(first) - 1
+                start, end = docstring_span(node)
                 if end - start >= 4:
                     ranges.append((start + 1, end - 1))
     skip = {i for a, b in ranges for i in range(a, b + 1)}
@@ -169,11 +190,11 @@ class Editor:
                 "*.py",
                 ")",
             ]
-            proc = subprocess.run(find, capture_output=True, text=True)
-            if proc.stderr.strip():
-                return "", proc.stderr.strip()
+            _, out, err = captured(find)
+            if err.strip():
+                return "", err.strip()
             head = f"Here's the files and directories up to 2 levels deep in {path}, excluding hidden:\n"
-            return clip(head + proc.stdout), ""
+            return clip(head + out), ""
         if path.suffix != ".py":
             # R2E-Gym puts ERROR: in the message and again when printing it
             return (

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """finish (r2egym profile): `submit` prints the finished marker; anything else is refused.
 
-Stdlib only (plus _r2e.py beside it), python >= 3.7. Behaves as R2E-Gym's finish tool.
+Stdlib only (plus _r2e.py beside it), python >= 3.6 (R2E images' task interpreter). Behaves as
+R2E-Gym's finish tool.
 """
 
 import argparse

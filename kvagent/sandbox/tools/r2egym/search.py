@@ -4,16 +4,15 @@ the literal term, over non-hidden `.py` files only (its --python_only defaults t
 given keeps it on), listed in walk order as ./relative paths; more than 100 files gives one line
 asking to narrow the search. In a file: `grep -n` (the term is a grep pattern there).
 
-Stdlib only (plus _r2e.py beside it), python >= 3.7.
+Stdlib only (plus _r2e.py beside it), python >= 3.6 (R2E images' task interpreter).
 """
 
 import argparse
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _r2e import argv, emit  # noqa: E402
+from _r2e import argv, captured, emit  # noqa: E402
 
 MAX_FILES = 100
 
@@ -60,14 +59,14 @@ def in_file(term, path):
     if not os.path.isfile(path):
         emit(f"File '{path}' not found or is not a file.\n")
         return 1
-    proc = subprocess.run(["grep", "-n", term, path], capture_output=True, text=True)
-    if proc.returncode == 1:
+    code, out, err = captured(["grep", "-n", term, path])
+    if code == 1:
         emit(f'No matches found for "{term}" in {path}\n')
         return 0
-    if proc.returncode != 0:
-        emit(f"Error executing grep:\n{proc.stderr}\n")
-        return proc.returncode
-    emit(f'Matches for "{term}" in {path}:\n{proc.stdout.strip()}\n')
+    if code != 0:
+        emit(f"Error executing grep:\n{err}\n")
+        return code
+    emit(f'Matches for "{term}" in {path}:\n{out.strip()}\n')
     return 0
 
 
