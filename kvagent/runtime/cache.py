@@ -231,6 +231,22 @@ class EvictableCache(Cache):
         self.pending_queries[layer_idx], self.pending_positions[layer_idx] = [], []
         return q, p
 
+    def drop_queries_from(self, cut: int) -> None:
+        """Forget the recorded queries of positions >= cut (their tokens left the stream)."""
+        for li in range(len(self.layers)):
+            pos = self.window_positions[li]
+            if pos is not None:
+                keep = pos < cut
+                self.window_queries[li] = self.window_queries[li][:, :, keep] if keep.any() else None
+                self.window_positions[li] = pos[keep] if keep.any() else None
+            qs, ps = [], []
+            for q, p in zip(self.pending_queries[li], self.pending_positions[li], strict=True):
+                keep = p < cut
+                if keep.any():
+                    qs.append(q[:, :, keep])
+                    ps.append(p[keep])
+            self.pending_queries[li], self.pending_positions[li] = qs, ps
+
     def pending_count(self, layer_idx: int) -> int:
         return sum(q.shape[2] for q in self.pending_queries[layer_idx])
 

@@ -1,4 +1,6 @@
-"""`Session.forget`: drop chosen logical positions from a session, exactly and at once.
+"""`Session.forget` and `Session.rewind`: drop chosen logical positions from a session, exactly
+and at once (forget: any fed positions, the tokens stay in the stream; rewind: the stream's newest
+tokens, which leave it).
 
 Persistent mode evicts those positions from every layer and KV head that still holds them, now,
 like a round whose keep-set the caller chose (counted in `stats.evicted` and `stats.forgotten`,
@@ -42,13 +44,24 @@ def forget_persistent(session: Session, positions: list[int]) -> int:
     """Evict `positions` from the live cache; returns how many distinct positions were held."""
     if not positions:
         return 0
+    wanted = torch.tensor(positions)
+    gone, n_drop = drop_entries(session, lambda live: torch.isin(live, wanted.to(live.device)))
+    session._stats.evicted += n_drop
+    session._stats.forgotten += n_drop
+    return len(gone)
+
+
+def drop_entries(session: Session, which) -> tuple[set[int], int]:
+    """Drop from every layer and KV head the entries `which(positions) -> bool mask` selects, now,
+    like a round whose keep-set the caller chose (audited with `forced=True`). Returns the distinct
+    positions dropped and the (layer, head) entries dropped."""
     gone: set[int] = set()
-    dropped_any = False
+    dropped = 0
     for li, layer in enumerate(session.cache.layers):
         if not layer.is_initialized or layer.n == 0:
             continue
         live = layer.live()[2]
-        drop = torch.isin(live, torch.tensor(positions, device=live.device))
+        drop = which(live) & (live >= 0)
         n_drop = int(drop.sum().item())
         if not n_drop:
             continue
@@ -61,13 +74,34 @@ def forget_persistent(session: Session, positions: list[int]) -> int:
         src = index.clamp(min=0)
         for name, t in per_entry.items():
             per_entry[name] = t.expand(src.shape[0], src.shape[1], -1).gather(-1, src)
-        session._stats.evicted += n_drop
-        session._stats.forgotten += n_drop
-        dropped_any = True
+        dropped += n_drop
         record(session, li, forced=True)
-    if dropped_any:
+    if dropped:
         session._round += 1  # audit records stay ordered: this drop sits between two rounds
-    return len(gone)
+    return gone, dropped
+
+
+def rewind(session: Session, n: int) -> int:
+    """`Session.rewind`: take back the newest `n` tokens; see there."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ConfigError(f"rewind: n must be an int, got {n!r}")
+    top = session.logical_length - (session.prompt_length or 0)
+    if not 0 <= n <= top:
+        raise ConfigError(
+            f"rewind: n={n} is outside [0, {top}]; rewind at most the tokens fed after the first append"
+        )
+    if n == 0:
+        return 0
+    cut = session.logical_length - n
+    session.history = session.history[:cut]
+    session._last_logits = None
+    session._stats.rewound += n
+    if session.config.mode == "reprefill":
+        session._stale = True
+        return n
+    drop_entries(session, lambda live: live >= cut)
+    session.cache.drop_queries_from(cut)
+    return n
 
 
 def forget_history(session: Session, positions: list[int]) -> int:

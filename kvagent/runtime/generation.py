@@ -33,7 +33,7 @@ def generate_tokens(
 ) -> Generation:
     """Every sampled id (the last too) is fed through `session.step`; see `Session.generate`."""
     if session._last_logits is None:
-        raise ConfigError("generate: the session is empty; append a prompt first")
+        raise ConfigError(f"generate: {session._no_logits()}")
     if session._stale:
         raise ConfigError("generate: forget() changed this reprefill session's history; append first")
     stops = [s for s in (stop or []) if s]

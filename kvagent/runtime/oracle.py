@@ -25,7 +25,8 @@ class ForwardRecord:
 
 @contextlib.contextmanager
 def trace(session):
-    """Record every forward of a persistent-mode session (cache contents before it, its logits)."""
+    """Record every forward of a persistent-mode session (cache contents before it, its logits);
+    a `rewind` inside cuts the records back to the stream that remains."""
     records: list[ForwardRecord] = []
     original = session._forward
 
@@ -39,11 +40,37 @@ def trace(session):
         records.append(ForwardRecord(start, list(ids), kept, logits.detach().clone()))
         return logits
 
+    original_rewind = session.rewind
+
+    def rewound(n):
+        out = original_rewind(n)
+        cut_records(records, session.logical_length)
+        return out
+
     session._forward = wrapped
+    session.rewind = rewound
     try:
         yield records
     finally:
         session._forward = original
+        session.rewind = original_rewind
+
+
+def cut_records(records: list[ForwardRecord], length: int) -> None:
+    """Drop what the records hold of positions >= length (a rewind took those tokens back), so
+    they describe the stream as it now is: later forwards write those positions again."""
+    keep = []
+    for rec in records:
+        fed = length - rec.start
+        if fed <= 0:
+            continue
+        if fed < len(rec.ids):
+            first_row = len(rec.ids) - rec.logits.shape[0]  # logits cover the chunk's last rows
+            rec = ForwardRecord(
+                rec.start, rec.ids[:fed], rec.kept_before, rec.logits[: max(0, fed - first_row)]
+            )
+        keep.append(rec)
+    records[:] = keep
 
 
 def random_episode(session, vocab: int, seed: int = 0, turns: int = 4) -> None:
@@ -119,6 +146,8 @@ def check_session_against_oracle(session, records: list[ForwardRecord]) -> float
     for rec in records:
         end = rec.start + len(rec.ids)
         rows = rec.logits.shape[0]
+        if not rows:  # a rewind took back the tokens whose logits these were
+            continue
         diff = (ref[end - rows : end] - rec.logits.to(ref.device)).abs().max().item()
         worst = max(worst, diff)
     return worst

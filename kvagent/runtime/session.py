@@ -118,7 +118,7 @@ class Session:
         if not ids:
             raise ConfigError("teacher_force: got no token ids; pass at least one")
         if self._last_logits is None:
-            raise ConfigError("teacher_force: the session is empty; append a prompt first")
+            raise ConfigError(f"teacher_force: {self._no_logits()}")
         if self._stale:
             return self._reprefill(ids, all_logits=True)
         evict = self.config.evicts and self.config.scope == "prefill+decode"
@@ -149,6 +149,21 @@ class Session:
             return forget_history(self, drop)
         return forget_persistent(self, drop)
 
+    def rewind(self, n: int) -> int:
+        """Take back the newest `n` tokens, so the next `append` continues at position
+        logical_length - n with no gap (e.g. a client re-rendered the newest reply differently).
+        n is in [0, logical_length - prompt_length]: never into the first append. Persistent
+        mode: every layer and KV head drops its entries of those positions now, through forget's
+        exact drop (entries evicted before stay evicted; audited with `forced=True`), and their
+        recorded window / pending queries go too; per-entry policy state cannot un-see them
+        (H2O's accumulated attention keeps what the dropped queries added). Reprefill mode: the
+        history is cut and the next append re-prefills. Either way the last logits are gone:
+        generate and teacher_force need an append (or step) first. Counted in stats.rewound.
+        Returns n."""
+        from kvagent.runtime.forget import rewind
+
+        return rewind(self, n)
+
     # ----------------------------------------------------------------- internals
     def _validate(self) -> None:
         c = self.config
@@ -165,6 +180,12 @@ class Session:
             raise ConfigError(
                 f"budget: {c.budget} is not a multiple of {c.policy}'s block {block}; use {lo or hi} or {hi}"
             )
+
+    def _no_logits(self) -> str:
+        """Why there are no last logits to continue from, and what to do."""
+        if self.logical_length:
+            return "rewind() took back the last token's logits; append the tokens that replace them first"
+        return "the session is empty; append a prompt first"
 
     def _check_prompt_fits(self) -> None:
         from kvagent.runtime.budget import check_prompt_fits
@@ -230,10 +251,12 @@ class Session:
             size = self.config.prefill_chunk
             if evict:
                 room = self._room()
-                if room <= 0:
+                if room <= 0 and self.cache.window_positions[0] is not None:
                     self._evict_due()
                     continue
-                size = min(size, room)
+                # A rewind that took back every recorded query leaves a due round nothing to score
+                # with: feed one token first (one entry over K + r, as scope prefill's decode is).
+                size = min(size, max(room, 1))
             logits = self._forward(ids[i : i + size], all_logits=all_logits)
             fed = min(size, len(ids) - i)
             if decode:

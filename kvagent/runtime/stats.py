@@ -13,6 +13,7 @@ class CacheStats:
     rounds: int = 0  # eviction rounds (one round = every layer that was due)
     evicted: int = 0  # entries removed, summed over layers and heads
     forgotten: int = 0  # of those, entries Session.forget dropped
+    rewound: int = 0  # tokens Session.rewind took back off the stream (not counted in evicted)
     scoring_s: float = 0.0
     compaction_s: float = 0.0
     prefill_tokens: int = 0  # tokens run through prefill forwards (reprefill counts the history again)
