@@ -38,7 +38,7 @@ def prefilled(engine, cfg: CacheConfig, prompt: int, seed: int):
 
 def decode(session, steps: int) -> None:
     """Greedy steps that ignore EOS, so every session decodes exactly `steps` tokens."""
-    logits = session._last_logits
+    logits = session.last_logits
     for _ in range(steps):
         logits = session.step(int(torch.argmax(logits)))
 

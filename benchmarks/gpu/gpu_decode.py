@@ -6,8 +6,9 @@ dense cache that doubles its capacity reaches exactly L and never reallocates pa
 sessions get there by real chunked prefill with eviction (the runtime feeds at most r tokens
 between rounds), dense ones by chunked prefill at full attention: every cache holds what it would
 after an episode of that length. Eviction rounds that fire inside a window are part of its step
-time (amortised); the round cost is timed per layer with a device synchronize before and after,
-so it never absorbs the tail of the forward still running on the GPU.
+time (amortised); the round cost is the session's scoring_s + compaction_s, which the evictor times
+per layer with a device synchronize before and after, so it never absorbs the tail of the forward
+still running on the GPU.
 """
 
 from __future__ import annotations
@@ -40,30 +41,6 @@ def config(policy: str, budget: int, buffer: int, chunk: int) -> CacheConfig:
     )
 
 
-class RoundTimer:
-    """Seconds spent in eviction rounds, synchronised per layer. Wraps the session's per-layer
-    round (private, as the oracle's trace wraps `_forward`); if a future runtime renames it, the
-    shares fall back to the session's own scoring_s + compaction_s."""
-
-    def __init__(self, session, device: torch.device) -> None:
-        self.seconds = 0.0
-        original = getattr(session, "_evict_layer", None)
-        self.source = "synced-per-layer" if original is not None else "session-stats"
-        if original is None:
-            return
-
-        def timed(*args, **kwargs):
-            sync(device)
-            t0 = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                sync(device)
-                self.seconds += time.perf_counter() - t0
-
-        session._evict_layer = timed
-
-
 class Runner:
     """One policy's session on one engine; remembers prefill rates and step times for predictions."""
 
@@ -74,7 +51,6 @@ class Runner:
         self.device = engine.device
         self.policy = policy
         self.session = engine.session(config(policy, budget, buffer, chunk))
-        self.timer = RoundTimer(self.session, self.device)
         self.gen = torch.Generator().manual_seed(seed)
         self.vocab = int(engine.model.config.vocab_size)
 
@@ -108,7 +84,7 @@ class Runner:
     def window(self, steps: int) -> dict:
         s = self.session
         toks = self._ids(steps)
-        before, timed_before = s.stats.to_dict(), self.timer.seconds
+        before = s.stats.to_dict()
         sync(self.device)
         t0 = time.perf_counter()
         for t in toks:
@@ -118,11 +94,7 @@ class Runner:
         after = s.stats.to_dict()
         scoring = after["scoring_s"] - before["scoring_s"]
         compaction = after["compaction_s"] - before["compaction_s"]
-        rounds_s = (
-            self.timer.seconds - timed_before
-            if self.timer.source != "session-stats"
-            else scoring + compaction
-        )
+        rounds_s = scoring + compaction  # timed per layer, synchronised on CUDA (evictor.py)
         self.hints["step_s"], self.hints["step_len"] = wall / steps, s.logical_length
         return {
             "policy": self.policy,
@@ -133,7 +105,6 @@ class Runner:
             "round_share": rounds_s / wall,
             "scoring_share": scoring / wall,
             "compaction_share": compaction / wall,
-            "round_timer": self.timer.source,
             "kv_bytes": after["total_kv_bytes"],
             "entries": max(after["entries"] or [0]),
         }

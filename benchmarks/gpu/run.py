@@ -129,7 +129,7 @@ def sdpa_probe(device: torch.device, shape: dict, dtype: torch.dtype) -> dict | 
 
 
 def free(device: torch.device) -> None:
-    gc.collect()  # sessions hold reference cycles (timers wrap bound methods)
+    gc.collect()  # free the finished sessions (and their slots) before the next part measures
     if device.type == "cuda":
         torch.cuda.empty_cache()
 

@@ -1,10 +1,12 @@
-"""The one attention function kvagent registers with transformers.
+"""The one attention function kvagent registers with transformers, and the one place that picks
+an attention kernel.
 
-It records post-RoPE queries for the eviction policies and computes attention over the (possibly
-compacted) cache with flash-attn on CUDA when importable, else torch SDPA. Cached entries are
-always older than the current chunk, so a chunk needs bottom-right causal masking whatever was
-evicted; a single decode token needs none. The paired mask function returns no mask, so
-transformers never builds one aligned to the wrong corner.
+The function records post-RoPE queries for the eviction policies and hands attention to the
+running forward (forward.py), which calls `attend_layer` per session (or `attend_rows` for a run of
+decode tokens in consecutive pool slots): flash-attn on CUDA when importable, else torch SDPA.
+Cached entries are always older than the current chunk, so a chunk needs bottom-right causal
+masking whatever was evicted; a single decode token needs none. The paired mask function returns
+no mask, so transformers never builds one aligned to the wrong corner.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import torch.nn.functional as F
 
 ATTN_NAME = "kvagent"
 
-# The cache of the forward currently running (per thread/task), so attention can record queries.
+# The forward currently running (per thread: the engine's scheduler thread, or a solo session's
+# caller), so attention can record each session's queries and attend each session's cache.
 ACTIVE_CACHE: contextvars.ContextVar = contextvars.ContextVar("kvagent_active_cache", default=None)
 
 _FLASH = None
@@ -45,8 +48,9 @@ def resolve_backend(attn: str, device: torch.device) -> str:
     return attn
 
 
-def _sdpa(query, key, value, scaling, valid=None):
-    """`valid` (B, H_kv, kv_len) bool hides a ragged layer's PAD entries (cache.py), per head."""
+def sdpa(query, key, value, scaling, valid=None):
+    """(B, q, H_q, D) attention of a chunk on a cache whose entries all precede it (bottom-right
+    causal). `valid` (B, H_kv, kv_len) bool hides a ragged layer's PAD entries (cache.py), per head."""
     q_len, kv_len = query.shape[2], key.shape[2]
     mask = None
     causal = False
@@ -65,7 +69,8 @@ def _sdpa(query, key, value, scaling, valid=None):
     return out.transpose(1, 2)
 
 
-def _flash(query, key, value, scaling):
+def flash(query, key, value, scaling):
+    """As `sdpa` (no PAD entries), with flash-attn on CUDA."""
     from flash_attn import flash_attn_func
 
     # flash-attn aligns its causal mask bottom-right, which is what a chunk on a cache needs.
@@ -78,25 +83,69 @@ def _flash(query, key, value, scaling):
     )
 
 
+def attend_layer(layer, query, scaling: float, backend: str) -> torch.Tensor:
+    """(1, q, H_q, D): one session's chunk of queries (1, H_q, q, D) against its cache layer, which
+    already holds the chunk's own keys. The kernel is chosen here and in `attend_rows` only."""
+    heads = getattr(layer, "head_entries", None)
+    if heads is not None:  # head_budget=adaptive: a buffer per KV head (heads.py)
+        g = query.shape[1] // layer.n_heads
+        outs = []
+        for h, (kh, vh) in enumerate(heads()):
+            qh = query[:, h * g : (h + 1) * g]
+            use_flash = backend == "flash" and qh.is_cuda
+            outs.append(flash(qh, kh, vh, scaling) if use_flash else sdpa(qh, kh, vh, scaling))
+        return torch.cat(outs, dim=2)
+    keys, values, _ = layer.live()
+    valid = layer.valid()
+    if valid is None and backend == "flash" and query.is_cuda:
+        return flash(query, keys, values, scaling)
+    return sdpa(query, keys, values, scaling, valid)
+
+
+def attend_rows(query, keys, values, lengths: list[int], scaling: float, backend: str) -> torch.Tensor:
+    """(1, b, H_q, D): b decode tokens (query (b, H_q, D)), row i against the first lengths[i]
+    entries of keys/values (b, H_kv, C, D) (views of consecutive pool slots, no copy)."""
+    b, h_q = query.shape[0], query.shape[1]
+    h_kv = keys.shape[1]
+    if backend == "flash" and query.is_cuda and flash_available():
+        from flash_attn import flash_attn_with_kvcache
+
+        out = flash_attn_with_kvcache(
+            query.unsqueeze(1),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=query.device),
+            softmax_scale=scaling,
+            causal=False,
+        )  # (b, 1, H_q, D)
+        return out.transpose(0, 1)
+    # One token per row: the query heads sharing a kv head become that head's query rows, so SDPA
+    # needs no GQA expansion; a per-row key-length mask hides each row's padding.
+    n_max = max(lengths)
+    qg = query.reshape(b, h_kv, h_q // h_kv, query.shape[-1])
+    mask = None
+    if min(lengths) != n_max:
+        n = torch.tensor(lengths, device=query.device)
+        mask = (torch.arange(n_max, device=query.device) < n[:, None]).view(b, 1, 1, n_max)
+    out = F.scaled_dot_product_attention(
+        qg, keys[:, :, :n_max], values[:, :, :n_max], attn_mask=mask, scale=scaling
+    )
+    return out.reshape(1, b, h_q, out.shape[-1])
+
+
 def kvagent_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers attention-interface function: returns (B, q, H, D) output and no weights."""
+    """transformers attention-interface function: returns (B, q, H, D) output and no weights. Inside
+    a kvagent forward (forward.py) the sessions' caches attend; outside one (the model run
+    without a kvagent cache) it is plain causal attention."""
     if kwargs.get("sliding_window") is not None:
         raise NotImplementedError("kvagent attention does not support sliding-window layers")
-    cache = ACTIVE_CACHE.get()
-    if cache is not None:
-        cache.record_queries(module.layer_idx, query)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    if getattr(cache, "packed", False):
-        # Many sessions in one forward (batch.py): each attends its own cache.
-        return cache.attend(module.layer_idx, query, scaling), None
-    layer = cache.layers[module.layer_idx] if cache is not None else None
-    if hasattr(layer, "attend"):  # head_budget=adaptive: a buffer per KV head (heads.py)
-        return layer.attend(query, scaling, cache.backend), None
-    valid = layer.valid(key.shape[2]) if hasattr(layer, "valid") else None
-    if valid is None and cache is not None and cache.backend == "flash" and query.is_cuda:
-        return _flash(query, key, value, scaling), None
-    return _sdpa(query, key, value, scaling, valid), None
+    forward = ACTIVE_CACHE.get()
+    if forward is None:
+        return sdpa(query, key, value, scaling), None
+    forward.record_queries(module.layer_idx, query)
+    return forward.attend(module.layer_idx, query, scaling), None
 
 
 def kvagent_mask(*args, **kwargs):

@@ -30,24 +30,7 @@ class AuditRound:
     logical_length: int  # tokens fed so far; positions seen are 0 .. logical_length - 1
     prompt_length: int  # protected-prompt positions 0 .. prompt_length - 1 (0 if none)
     kept: torch.Tensor  # (H_kv, N) logical positions held by each head after the round (-1: PAD)
-    forced: bool = False  # a Session.forget drop rather than a policy round
-
-
-def record(session, layer_idx: int, forced: bool = False) -> None:
-    """Append what `layer_idx` of `session` holds now to its audit (if it keeps one)."""
-    if session.audit is None:
-        return
-    protect = session.config.protect == "prompt"
-    session.audit.append(
-        AuditRound(
-            round=session._round,
-            layer=layer_idx,
-            logical_length=session.logical_length,
-            prompt_length=(session.prompt_length or 0) if protect else 0,
-            kept=session.cache.layers[layer_idx].live()[2][0].detach().cpu().clone(),
-            forced=forced,
-        )
-    )
+    forced: bool = False  # a Session.forget / rewind drop rather than a policy round
 
 
 def _kept(r: AuditRound) -> torch.Tensor:

@@ -25,11 +25,33 @@ def _policy(config: CacheConfig, policy: Any) -> Any:
     return policy
 
 
-def _layer_ks(config: CacheConfig, policy: Any, n_layers: int, logical_length: int) -> list[int]:
-    """Each layer's K at `logical_length` (the session's `_layer_budgets`)."""
+def layer_budgets(config: CacheConfig, policy: Any, n_layers: int, logical_length: int) -> list[int]:
+    """Each layer's K at `logical_length` (a fractional budget is that fraction of it)."""
     b = config.budget
     k = b if isinstance(b, int) else max(1, int(b * logical_length))
-    return [int(x) for x in policy.layer_budgets(k, n_layers)]
+    budgets = [int(x) for x in policy.layer_budgets(k, n_layers)]
+    if len(budgets) != n_layers:
+        raise RuntimeError(
+            f"{config.policy}.layer_budgets returned {len(budgets)} budgets for {n_layers} layers"
+        )
+    return budgets
+
+
+def check_budget(config: CacheConfig, policy: Any, max_context: int | None) -> None:
+    """A token budget must fit the model's context and be a whole number of the policy's blocks."""
+    if not config.evicts or not isinstance(config.budget, int):
+        return
+    b = config.budget
+    if max_context and b > max_context:
+        raise ConfigError(
+            f"budget: {b} exceeds the model's context limit {max_context}; use a budget <= {max_context}"
+        )
+    block = policy.block
+    if block > 1 and b % block:
+        lo, hi = (b // block) * block, (b // block + 1) * block
+        raise ConfigError(
+            f"budget: {b} is not a multiple of {config.policy}'s block {block}; use {lo or hi} or {hi}"
+        )
 
 
 def _first_round(
@@ -40,17 +62,17 @@ def _first_round(
     b, r = config.budget, config.buffer
     if config.mode == "reprefill":
         # Every append rebuilds the cache and cuts it to K at once.
-        k = _layer_ks(config, policy, n_layers, prompt_length)[layer]
+        k = layer_budgets(config, policy, n_layers, prompt_length)[layer]
         if prompt_length > k:
             return prompt_length
         if not isinstance(b, int):
             return None
     if isinstance(b, int):
-        return _layer_ks(config, policy, n_layers, 0)[layer] + r
+        return layer_budgets(config, policy, n_layers, 0)[layer] + r
 
     # A fraction: the first length that reaches K(L) + r, found by bisection (L - K(L) grows with L).
     def due(n: int) -> bool:
-        return n >= _layer_ks(config, policy, n_layers, n)[layer] + r
+        return n >= layer_budgets(config, policy, n_layers, n)[layer] + r
 
     if not due(_SEARCH_LIMIT):
         return None
@@ -74,7 +96,7 @@ def prompt_fit_problem(
         at = _first_round(config, policy, n_layers, prompt_length, layer)
         if at is None:
             continue
-        k = _layer_ks(config, policy, n_layers, at)[layer]
+        k = layer_budgets(config, policy, n_layers, at)[layer]
         protected = prompt_length if config.protect == "prompt" else min(SINK_TOKENS, at)
         if protected < k:
             continue

@@ -6,7 +6,7 @@ that batches, an evicting session's buffers are instead views of its slot in a p
 (`pool.py`) and compaction writes back into the slot; a layer that must outgrow its slot (scope
 `prefill` overflow) moves to private buffers until a compaction brings it back.
 
-`Session.forget` can leave the heads of a layer holding different counts. The layout stays
+`Session.forget` and `Session.rewind` can leave the heads of a layer holding different counts. The layout stays
 rectangular: a head with fewer entries starts with padding entries at position -1 (`PAD`), which
 attention masks out (the layer is then `ragged`) and rounds drop before any real entry.
 """
@@ -190,7 +190,6 @@ class EvictableCache(Cache):
         window: int,
         record: bool,
         keep_pending: bool,
-        backend: str = "sdpa",
         slot=None,
         layer_class: type | None = None,  # head_budget=adaptive: heads.HeadLayer, a buffer per KV head
     ):
@@ -199,7 +198,6 @@ class EvictableCache(Cache):
         self.window = window
         self.record = record
         self.keep_pending = keep_pending
-        self.backend = backend
         self.current_positions: torch.Tensor | None = None  # logical positions of the running chunk
         self.window_queries: list[torch.Tensor | None] = [None] * n_layers
         self.window_positions: list[torch.Tensor | None] = [None] * n_layers

@@ -7,13 +7,13 @@ session per thread) into shared batches, and slot pools that hold evicting sessi
 from __future__ import annotations
 
 import threading
-import weakref
 
 import torch
 
 from kvagent.errors import ConfigError
 from kvagent.runtime import attention, models
 from kvagent.runtime.config import CacheConfig
+from kvagent.runtime.forward import Chunk, run_forward
 from kvagent.runtime.pool import Slot, SlotPool
 from kvagent.runtime.scheduler import Scheduler
 from kvagent.runtime.session import Session
@@ -128,23 +128,30 @@ class Engine:
             raise ConfigError("session: pass either a CacheConfig or keyword fields, not both")
         return Session(self, config)
 
-    def slot_for(self, session: Session) -> Slot | None:
-        """A pool slot for a batched, evicting session with a token budget (its K_l + r are fixed);
-        None for solo engines and for dense or fractional-budget sessions (private caches)."""
-        c = session.config
-        if self.scheduler is None or not c.evicts or not isinstance(c.budget, int):
+    def forward(self, chunk: Chunk) -> None:
+        """Run one session's chunk: alone on a solo engine, joined with other sessions' pending
+        chunks on a batching one. Either way `forward.run_forward` runs it; sets `chunk.logits`."""
+        if self.scheduler is None:
+            run_forward(self, [chunk])
+        else:
+            self.scheduler.forward(chunk)
+            if chunk.error is not None:
+                raise chunk.error
+
+    def slot_for(self, capacities: tuple[int, ...] | None, buffer: int) -> Slot | None:
+        """A pool slot for a cache of these per-layer capacities (K_l + r) on a batching engine;
+        None for solo engines and for caches without fixed capacities (they stay private). The
+        caller releases it (`Slot.release`) when its session is gone."""
+        if self.scheduler is None or capacities is None:
             return None
-        caps = tuple(k + c.buffer for k in session._layer_budgets(0))
-        key = (caps, c.buffer)
+        key = (tuple(capacities), buffer)
         with self._pools_lock:
             if key not in self.pools:
                 self.pools[key] = SlotPool(
-                    caps, c.buffer, self.n_kv_heads, self.head_dim, self.dtype, self.device, self.max_batch
+                    key[0], buffer, self.n_kv_heads, self.head_dim, self.dtype, self.device, self.max_batch
                 )
             pool = self.pools[key]
-        slot = pool.acquire()
-        weakref.finalize(session, pool.release, slot)
-        return slot
+        return pool.acquire()
 
     def close(self) -> None:
         """Stop the scheduler thread (batching engines); sessions of this engine stop working."""

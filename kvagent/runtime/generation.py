@@ -1,20 +1,15 @@
 """Sampling a reply: `Session.generate`'s token loop (sample, feed, stop on EOS, a stop string or
-the caller's `on_token`)."""
+the caller's `on_token`). It sees the session only through the `step` it is handed."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from kvagent.errors import ConfigError
 from kvagent.runtime.config import Sampling
 from kvagent.runtime.sampling import sample_next
-
-if TYPE_CHECKING:
-    from kvagent.runtime.session import Session
 
 
 @dataclass
@@ -25,38 +20,32 @@ class Generation:
 
 
 def generate_tokens(
-    session: Session,
+    step: Callable[[int], torch.Tensor],
+    logits: torch.Tensor,
     max_new_tokens: int,
     sampling: Sampling,
+    generator: torch.Generator,
+    tokenizer,
+    eos: set[int],
     stop: Sequence[str] | None,
     on_token: Callable[[int], bool] | None,
 ) -> Generation:
-    """Every sampled id (the last too) is fed through `session.step`; see `Session.generate`."""
-    if session._last_logits is None:
-        raise ConfigError(f"generate: {session._no_logits()}")
-    if session._stale:
-        raise ConfigError("generate: forget() changed this reprefill session's history; append first")
+    """From `logits` (the last token's), sample and feed each id through `step` (the last too);
+    see `Session.generate`."""
     stops = [s for s in (stop or []) if s]
-    eos = session.engine.eos_token_ids
-    tok = session.engine.tokenizer
-    if session._sample_gen is None:
-        session._sample_gen = torch.Generator().manual_seed(
-            sampling.seed if sampling.seed is not None else session.config.seed
-        )
     out: list[int] = []
     reason = "length"
-    logits = session._last_logits
     tail_span = max((len(s) for s in stops), default=0) + 16
     for _ in range(max_new_tokens):
-        token = sample_next(logits, sampling, session._sample_gen)
+        token = sample_next(logits, sampling, generator)
         out.append(token)
-        logits = session.step(token)
+        logits = step(token)
         halt = on_token is not None and on_token(token)
         if token in eos:
             reason = "eos"
             break
         if stops:
-            tail = tok.decode(out[-tail_span:], skip_special_tokens=False)
+            tail = tokenizer.decode(out[-tail_span:], skip_special_tokens=False)
             if any(s in tail for s in stops):
                 reason = "stop"
                 break
@@ -64,4 +53,6 @@ def generate_tokens(
             reason = "interrupted"
             break
     text_ids = out[:-1] if reason == "eos" else out
-    return Generation(ids=out, text=tok.decode(text_ids, skip_special_tokens=False), finish_reason=reason)
+    return Generation(
+        ids=out, text=tokenizer.decode(text_ids, skip_special_tokens=False), finish_reason=reason
+    )

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from kvagent.runtime.attention import _flash, _sdpa
 from kvagent.runtime.cache import PAD, LayerBase, keep_index
 from kvagent.runtime.policies.base import BasePolicy, LayerView
 
@@ -123,21 +122,19 @@ class HeadLayer(LayerBase):
             self.head_values[h][c : c + q] = value_states[0, h]
             self.head_positions[h][c : c + q] = pos
             self.counts[h] = c + q
-        return key_states, value_states  # attention reads the heads' buffers (`attend`)
+        return key_states, value_states  # attention reads the heads' buffers (`head_entries`)
 
-    def attend(self, query: torch.Tensor, scaling: float, backend: str) -> torch.Tensor:
-        """(1, q, H_q, D): each KV head's query group against that head's entries."""
-        g = query.shape[1] // len(self.counts)
-        outs = []
+    @property
+    def n_heads(self) -> int:
+        return len(self.counts)
+
+    def head_entries(self):
+        """Each KV head's live (1, 1, count_h, D) keys and values, in head order (for attention)."""
         for h, c in enumerate(self.counts):
-            qh = query[:, h * g : (h + 1) * g]
-            kh = self.head_keys[h][:c].unsqueeze(0).unsqueeze(0)
-            vh = self.head_values[h][:c].unsqueeze(0).unsqueeze(0)
-            if backend == "flash" and qh.is_cuda:
-                outs.append(_flash(qh, kh, vh, scaling))
-            else:
-                outs.append(_sdpa(qh, kh, vh, scaling))
-        return torch.cat(outs, dim=2)
+            yield (
+                self.head_keys[h][:c].unsqueeze(0).unsqueeze(0),
+                self.head_values[h][:c].unsqueeze(0).unsqueeze(0),
+            )
 
     def live(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A rectangular (1, H_kv, M, ·) copy, each head right-aligned after PAD entries."""
@@ -172,7 +169,7 @@ class HeadLayer(LayerBase):
             self.counts[h] = c
 
     def valid(self, length: int | None = None) -> torch.Tensor | None:
-        return None  # attention goes through `attend`
+        return None  # attention goes through `head_entries`
 
     def attach_slot(self) -> None:
         pass

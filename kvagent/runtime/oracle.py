@@ -23,37 +23,32 @@ class ForwardRecord:
     logits: torch.Tensor  # (rows, vocab) as returned, for the chunk's LAST `rows` tokens
 
 
+class _Tracer:
+    """A session's `tracer` (session.py): records each forward, cuts the records at a rewind."""
+
+    def __init__(self) -> None:
+        self.records: list[ForwardRecord] = []
+
+    def forwarded(self, start: int, ids: list[int], kept_before: list[torch.Tensor], logits) -> None:
+        kept = [k[0] if k.dim() == 3 else torch.empty((0, 0), dtype=torch.long) for k in kept_before]
+        self.records.append(ForwardRecord(start, list(ids), kept, logits.detach().clone()))
+
+    def rewound(self, logical_length: int) -> None:
+        cut_records(self.records, logical_length)
+
+
 @contextlib.contextmanager
 def trace(session):
     """Record every forward of a persistent-mode session (cache contents before it, its logits);
     a `rewind` inside cuts the records back to the stream that remains."""
-    records: list[ForwardRecord] = []
-    original = session._forward
-
-    def wrapped(ids, all_logits):
-        kept = [
-            layer.live()[2][0].clone() if layer.is_initialized else torch.empty((0, 0), dtype=torch.long)
-            for layer in session.cache.layers
-        ]
-        start = session.logical_length
-        logits = original(ids, all_logits)
-        records.append(ForwardRecord(start, list(ids), kept, logits.detach().clone()))
-        return logits
-
-    original_rewind = session.rewind
-
-    def rewound(n):
-        out = original_rewind(n)
-        cut_records(records, session.logical_length)
-        return out
-
-    session._forward = wrapped
-    session.rewind = rewound
+    if session.tracer is not None:
+        raise RuntimeError("trace: this session is already traced")
+    tracer = _Tracer()
+    session.tracer = tracer
     try:
-        yield records
+        yield tracer.records
     finally:
-        session._forward = original
-        session.rewind = original_rewind
+        session.tracer = None
 
 
 def cut_records(records: list[ForwardRecord], length: int) -> None:

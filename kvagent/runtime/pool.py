@@ -33,6 +33,10 @@ class Slot:
     def block(self) -> SlotBlock:
         return self.pool.blocks[self.block_index]
 
+    def release(self) -> None:
+        """Give the slot back to its pool (its session is gone)."""
+        self.pool.release(self)
+
     def views(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This slot's (1, H_kv, C_l, D) key/value and (1, H_kv, C_l) position views of one layer."""
         i, b = self.index, self.block

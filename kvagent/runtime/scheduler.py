@@ -2,7 +2,7 @@
 
 Each session runs in its caller's thread and does its own bookkeeping and eviction; only the model
 forward is handed over. A calling thread posts a `Chunk` and blocks; the scheduler thread takes
-every pending chunk (up to `max_batch` and a token cap), runs one packed forward (`batch.py`) and
+every pending chunk (up to `max_batch` and a token cap), runs one packed forward (`forward.py`) and
 wakes the callers. To fill a batch it waits until every session that is inside an API call (or
 left one within the wait window: a caller looping over `step` is between two calls) has posted,
 but never longer than the wait window after the oldest post: max(`max_wait_s`, a tenth of the
@@ -17,9 +17,7 @@ import functools
 import threading
 import time
 
-import torch
-
-from kvagent.runtime.batch import Chunk, run_packed
+from kvagent.runtime.forward import Chunk, run_forward
 
 MAX_WAIT_S = 0.002
 MAX_TOKENS = 4096  # tokens per packed forward (bounds activations when many sessions prefill)
@@ -60,8 +58,8 @@ class Scheduler:
                     self._left_at[key] = time.perf_counter()
                 self._cond.notify_all()
 
-    def forward(self, cache, ids: list[int], positions: torch.Tensor, all_logits: bool) -> torch.Tensor:
-        chunk = Chunk(cache, ids, positions, all_logits)
+    def forward(self, chunk: Chunk) -> None:
+        """Post `chunk` and wait until a packed forward has run it (its logits or error set)."""
         done = threading.Event()
         with self._cond:
             if self._closed:
@@ -72,9 +70,6 @@ class Scheduler:
             self._pending.append((time.perf_counter(), chunk, done))
             self._cond.notify_all()
         done.wait()
-        if chunk.error is not None:
-            raise chunk.error
-        return chunk.logits
 
     def close(self) -> None:
         with self._cond:
@@ -122,8 +117,7 @@ class Scheduler:
             chunks = sorted((c for _, c, _ in batch), key=_slot_order)
             t0 = time.perf_counter()
             try:
-                cache = run_packed(self.engine, chunks)
-                self.widest_run = max(self.widest_run, cache.widest_run)
+                self.widest_run = max(self.widest_run, run_forward(self.engine, chunks))
                 self._last_forward_end = time.perf_counter()
                 self._last_forward_s = self._last_forward_end - t0
             except BaseException as e:  # handed to every caller of this forward

@@ -33,7 +33,7 @@ def episode(session, seed: int) -> dict:
     for turn in range(3):
         gen = session.generate(10 + 2 * seed + turn, sampling=Sampling())
         ids.append(gen.ids)
-        logits.append(session._last_logits.clone())
+        logits.append(session.last_logits.clone())
         logits.append(session.append(rand_ids(20 + 7 * turn + seed, g)))
         logits.append(session.teacher_force(rand_ids(6 + seed, g)))
         logits.extend(session.step(t) for t in rand_ids(5, g))
@@ -126,7 +126,7 @@ def test_slots_are_reused_and_evicting_sessions_live_in_their_slot(batch_engines
     engine = batch_engines["qwen3"]
     cfg = CacheConfig(policy="streaming", budget=24, buffer=8, protect="sink")
     s = engine.session(cfg)
-    pool = s._slot.pool
+    pool = s.evictor.slot.pool
     used = pool.in_use
     s.append(list(range(40)))
     assert all(layer.in_slot for layer in s.cache.layers)
@@ -135,7 +135,7 @@ def test_slots_are_reused_and_evicting_sessions_live_in_their_slot(batch_engines
     gc.collect()
     assert pool.in_use == used - 1
     again = engine.session(cfg)
-    assert again._slot.pool is pool and pool.in_use == used
+    assert again.evictor.slot.pool is pool and pool.in_use == used
 
 
 def test_max_batch_must_be_a_positive_int(qwen3_engine):

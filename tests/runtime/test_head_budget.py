@@ -48,7 +48,7 @@ def row_bytes(engine) -> int:
 
 def assert_adaptive_rounds(session) -> None:
     """Every round kept K_l x H_kv entries in all, and some head kept a different count."""
-    budgets = session._layer_budgets(session.logical_length)
+    budgets = session.evictor.layer_budgets(session.logical_length)
     h = session.engine.n_kv_heads
     rounds = [r for r in session.audit if not r.forced]
     assert rounds
@@ -92,7 +92,7 @@ def test_adaptive_reprefill_matches_masked_full_attention(tiny_engines, kind, po
         session.step(t)
     obs = torch.randint(0, VOCAB, (60,), generator=g).tolist()
     logits = session.append(obs, all_logits=True)
-    budgets = session._layer_budgets(session.logical_length)
+    budgets = session.evictor.layer_budgets(session.logical_length)
     h = engine.n_kv_heads
     for layer, k in zip(session.cache.layers, budgets, strict=True):
         assert sum(layer.counts) == k * h
@@ -152,7 +152,7 @@ def test_adaptive_sessions_batched_with_others_equal_solo(tiny_engines, batch_en
 
     alone = run_alone(solo_engine, cfgs, run)
     sessions, results, _ = run_together(engine, cfgs, run, traced=False)
-    assert sessions[0]._slot is None and sessions[2]._slot is not None
+    assert sessions[0].evictor.slot is None and sessions[2].evictor.slot is not None
     for (s0, r0), s1, r1 in zip(alone, sessions, results, strict=True):
         assert_same_logits_and_kept(s0, r0, s1, r1, TOL)
     assert sessions[0].stats.rounds > 1

@@ -8,6 +8,7 @@ import torch
 from kvagent.errors import ConfigError
 from kvagent.runtime import CacheConfig, Engine, Sampling
 from kvagent.runtime.models import tiny_random_model
+from kvagent.runtime.oracle import trace
 from kvagent.runtime.policies import BasePolicy, register
 
 
@@ -117,18 +118,11 @@ def test_kv_bytes_bounded_by_budget_plus_buffer(qwen3_engine, scope):
 def test_positions_continue_from_episode_length(qwen3_engine):
     s = qwen3_engine.session(CacheConfig(policy="random", budget=32, buffer=8, protect="sink"))
     s.append(rand_ids(200, 9))
-    seen = []
-    original = s._forward
-
-    def spy(ids, all_logits):
-        out = original(ids, all_logits)
-        seen.append(s.cache.current_positions.tolist())
-        return out
-
-    s._forward = spy
-    s.step(5)
+    with trace(s) as records:
+        s.step(5)
     assert s.stats.entries[0] < 200
-    assert seen == [[200]]
+    assert [(r.start, r.ids) for r in records] == [(200, [5])]
+    assert s.cache.current_positions.tolist() == [200]
     assert all(int(p.max()) == 200 for p in s.kept_positions())
 
 
@@ -215,7 +209,7 @@ def test_stats_and_audit(qwen3_engine):
     st = s.stats
     assert st.rounds >= 8 and st.evicted > 0 and st.scoring_s > 0 and st.compaction_s > 0
     assert st.prefill_tokens == 112 and st.logical_length == 112
-    assert len(s.audit) == st.rounds * s.n_layers
+    assert len(s.audit) == st.rounds * qwen3_engine.n_layers
     last = s.audit[-1]
     assert last.kept.shape == (2, 32) and last.prompt_length == 12
     assert set(range(12)) <= set(last.kept[0].tolist())  # the protected prompt survives every round

@@ -1,4 +1,5 @@
-"""One model forward over the pending chunks of many sessions (packed, no padding).
+"""The one model forward: the chunks of one or more sessions (packed, no padding). A solo
+session's forward is a batch of one; a batching engine's scheduler joins many.
 
 The chunks are concatenated into one `(1, T)` row: every linear layer runs over exactly the tokens
 fed, and each token carries its own session's logical position, so RoPE needs no batch dimension.
@@ -12,13 +13,13 @@ forward would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvagent.runtime.attention import ACTIVE_CACHE, _flash, _sdpa, flash_available
+from kvagent.runtime.attention import ACTIVE_CACHE, attend_layer, attend_rows
 from kvagent.runtime.cache import EvictableCache
 
 
@@ -33,7 +34,6 @@ class Chunk:
     start: int = 0  # offset in the packed row
     logits: torch.Tensor | None = None
     error: BaseException | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def end(self) -> int:
@@ -52,10 +52,14 @@ class PackedLayer(CacheLayerMixin):
         pass
 
     def update(self, key_states, value_states, *args, **kwargs):
-        for c in self.owner.chunks:
-            c.cache.layers[self.layer_idx].update(
-                key_states[:, :, c.start : c.end], value_states[:, :, c.start : c.end]
-            )
+        chunks = self.owner.chunks
+        if len(chunks) == 1:  # a solo forward: no slicing on the per-layer path
+            chunks[0].cache.layers[self.layer_idx].update(key_states, value_states)
+        else:
+            for c in chunks:
+                c.cache.layers[self.layer_idx].update(
+                    key_states[:, :, c.start : c.end], value_states[:, :, c.start : c.end]
+                )
         # The attention reads each session's own storage (`PackedCache.attend`), not these.
         return key_states, value_states
 
@@ -73,24 +77,31 @@ class PackedLayer(CacheLayerMixin):
 
 
 class PackedCache(Cache):
-    packed = True
+    """Stands in for the caches of one forward's chunks. One per thread and layout, reused from
+    forward to forward (`_packed_cache`): building its layers costs as much as a few layers' work."""
 
-    def __init__(self, n_layers: int, chunks: list[Chunk], backend: str) -> None:
+    def __init__(self, n_layers: int, backend: str) -> None:
         super().__init__(layers=[PackedLayer(self, i) for i in range(n_layers)])
-        self.chunks = chunks
+        self.chunks: list[Chunk] = []
         self.backend = backend
         self.widest_run = 0  # most chunks one batched attention call served (for stats, tests)
 
     def record_queries(self, layer_idx: int, query: torch.Tensor) -> None:
-        single = len(self.chunks) == 1
-        for c in self.chunks:
+        chunks = self.chunks
+        if len(chunks) == 1:
+            if chunks[0].cache.record:
+                chunks[0].cache.record_queries(layer_idx, query)
+            return
+        for c in chunks:
             if c.cache.record:
-                q = query[:, :, c.start : c.end]
                 # A view would pin the whole packed query for as long as the session keeps it.
-                c.cache.record_queries(layer_idx, q if single else q.clone())
+                c.cache.record_queries(layer_idx, query[:, :, c.start : c.end].clone())
 
     def attend(self, layer_idx: int, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """(1, T, H_q, D) attention output of every chunk, in packed order."""
+        if len(self.chunks) == 1:
+            self.widest_run = max(self.widest_run, 1)
+            return attend_layer(self.chunks[0].cache.layers[layer_idx], query, scaling, self.backend)
         runs = _runs(self.chunks, layer_idx)
         self.widest_run = max(self.widest_run, max(len(r) for r in runs))
         outs = [
@@ -131,54 +142,24 @@ def _joins(run: list[Chunk], c: Chunk, li: int) -> bool:
 
 
 def _attend_alone(c: Chunk, li: int, query, scaling, backend) -> torch.Tensor:
-    layer = c.cache.layers[li]
-    q = query[:, :, c.start : c.end]
-    if hasattr(layer, "attend"):  # head_budget=adaptive (heads.py)
-        return layer.attend(q, scaling, backend)
-    keys, values, _ = layer.live()
-    valid = layer.valid()
-    if valid is None and backend == "flash" and q.is_cuda:
-        return _flash(q, keys, values, scaling)
-    return _sdpa(q, keys, values, scaling, valid)
+    return attend_layer(c.cache.layers[li], query[:, :, c.start : c.end], scaling, backend)
 
 
 def _attend_run(run: list[Chunk], li: int, query, scaling, backend) -> torch.Tensor:
     first = run[0].cache.slot
     block, s0, b = first.block, first.index, len(run)
     lengths = [c.cache.layers[li].n for c in run]
-    n_max = max(lengths)
-    keys = block.keys[li][s0 : s0 + b]  # (b, H_kv, C, D): a view, no copy
-    values = block.values[li][s0 : s0 + b]
-    h_q, h_kv = query.shape[1], keys.shape[1]
     q = query[0, :, run[0].start : run[-1].end].transpose(0, 1)  # (b, H_q, D)
-    if backend == "flash" and q.is_cuda and flash_available():
-        from flash_attn import flash_attn_with_kvcache
-
-        out = flash_attn_with_kvcache(
-            q.unsqueeze(1),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=q.device),
-            softmax_scale=scaling,
-            causal=False,
-        )  # (b, 1, H_q, D)
-        return out.transpose(0, 1)
-    # One token per row: the query heads sharing a kv head become that head's query rows, so SDPA
-    # needs no GQA expansion; a per-row key-length mask hides each row's padding.
-    qg = q.reshape(b, h_kv, h_q // h_kv, q.shape[-1])
-    mask = None
-    if min(lengths) != n_max:
-        n = torch.tensor(lengths, device=q.device)
-        mask = (torch.arange(n_max, device=q.device) < n[:, None]).view(b, 1, 1, n_max)
-    out = F.scaled_dot_product_attention(
-        qg, keys[:, :, :n_max], values[:, :, :n_max], attn_mask=mask, scale=scaling
+    # (b, H_kv, C, D) views of the block, no copy
+    return attend_rows(
+        q, block.keys[li][s0 : s0 + b], block.values[li][s0 : s0 + b], lengths, scaling, backend
     )
-    return out.reshape(1, b, h_q, out.shape[-1])
 
 
 @torch.no_grad()
-def run_packed(engine, chunks: list[Chunk]) -> PackedCache:
-    """One forward over `chunks`; sets each chunk's float32 logits (every row or the last)."""
+def run_forward(engine, chunks: list[Chunk]) -> int:
+    """One forward over `chunks`; sets each chunk's float32 logits (every row or the last).
+    Returns the most decode tokens one attention call served (the widest run)."""
     offset, ids, positions, keep = 0, [], [], []
     for c in chunks:
         c.start = offset
@@ -188,22 +169,40 @@ def run_packed(engine, chunks: list[Chunk]) -> PackedCache:
         c.cache.current_positions = c.positions
         keep.extend(range(c.start, c.end) if c.all_logits else [c.end - 1])
     device = engine.device
-    cache = PackedCache(engine.n_layers, chunks, engine.backend)
+    if len(chunks) == 1:  # a solo session: its positions as they are, a plain slice of logits
+        position_ids, to_keep = positions[0].unsqueeze(0), 0 if chunks[0].all_logits else 1
+    else:
+        position_ids, to_keep = torch.cat(positions).unsqueeze(0), torch.tensor(keep, device=device)
+    cache = _packed_cache(engine.n_layers, engine.backend)
+    cache.chunks, cache.widest_run = chunks, 0
     token = ACTIVE_CACHE.set(cache)
     try:
         out = engine.model(
             input_ids=torch.tensor([ids], device=device),
-            position_ids=torch.cat(positions).unsqueeze(0),
+            position_ids=position_ids,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=torch.tensor(keep, device=device),
+            logits_to_keep=to_keep,
         )
     finally:
         ACTIVE_CACHE.reset(token)
+        cache.chunks = []  # hold no session's cache past its forward
     logits = out.logits[0].float()
     row = 0
     for c in chunks:
         rows = len(c.ids) if c.all_logits else 1
         c.logits = logits[row : row + rows]
         row += rows
-    return cache
+    return cache.widest_run
+
+
+_THREAD = threading.local()
+
+
+def _packed_cache(n_layers: int, backend: str) -> PackedCache:
+    """This thread's PackedCache for the layout (a forward never runs inside another)."""
+    caches = _THREAD.__dict__.setdefault("caches", {})
+    key = (n_layers, backend)
+    if key not in caches:
+        caches[key] = PackedCache(n_layers, backend)
+    return caches[key]

@@ -1,0 +1,288 @@
+"""The owner of a session's eviction state: its cache, the policy, per-layer policy state, per-layer
+budgets, the round counter and the audit. It decides when a round is due, runs it, and drops the
+positions `Session.forget` and `Session.rewind` name, all through one compaction routine, so the
+cache and the per-entry policy state (H2O's accumulated attention) always change together.
+
+The session tells it where the stream stands (its logical length and prompt length) at each call;
+the evictor never reads the session.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from kvagent.errors import ConfigError
+from kvagent.runtime.audit import AuditRound
+from kvagent.runtime.budget import layer_budgets
+from kvagent.runtime.cache import EvictableCache, keep_index
+from kvagent.runtime.config import SINK_TOKENS, CacheConfig
+from kvagent.runtime.eviction import build_view, pad_state, round_generator, select
+from kvagent.runtime.heads import HeadLayer, select_adaptive
+from kvagent.runtime.policies.base import BasePolicy
+from kvagent.runtime.stats import CacheStats
+
+# H2O-style policies fold their pending queries into state once this many have accumulated, so a
+# dense reprefill of a long history does not hold every query of every layer at once.
+ABSORB_EVERY = 1024
+
+
+def pool_capacities(config: CacheConfig, policy: BasePolicy, n_layers: int) -> tuple[int, ...] | None:
+    """Each layer's K_l + r when fixed for the session's life (an evicting session with a token
+    budget and uniform heads): the slot pool it can live in on a batching engine. None otherwise
+    (dense, fractional or adaptive caches stay private)."""
+    if not config.evicts or not isinstance(config.budget, int) or config.head_budget == "adaptive":
+        return None
+    return tuple(k + config.buffer for k in layer_budgets(config, policy, n_layers, 0))
+
+
+class Evictor:
+    """Not thread-safe; owned by one session. `cache` is what the session's forwards write into."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        policy: BasePolicy,
+        stats: CacheStats,
+        *,
+        n_layers: int,
+        group_size: int,
+        scaling: float,
+        device: torch.device,
+        slot=None,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.stats = stats  # the session's counters; rounds and drops are counted here
+        self.n_layers = n_layers
+        self.group_size = group_size
+        self.scaling = scaling
+        self.sync = device.type == "cuda"  # round timings synchronise, so they hold only the round
+        self.slot = slot  # a pool Slot (batched engines), or None for a private cache
+        self.adaptive = config.evicts and config.head_budget == "adaptive"
+        self.audit: list[AuditRound] | None = [] if config.audit else None
+        self.round_index = 0  # orders audit records: every round and every forced drop counts one
+        self._budgets: dict[int, list[int]] = {}
+        self.reset()
+
+    # ----------------------------------------------------------------- the cache
+    def reset(self) -> None:
+        """A fresh, empty cache and policy state (reprefill rebuilds from the history)."""
+        c = self.config
+        cache = EvictableCache(
+            self.n_layers,
+            window=c.window,
+            record=c.evicts,
+            keep_pending=c.evicts and self.policy.needs_pending_queries,
+            # Reprefill's dense rebuild outgrows K + r; it moves into the slot once compressed.
+            slot=self.slot if c.mode == "persistent" else None,
+            layer_class=HeadLayer if self.adaptive else None,
+        )
+        for layer in cache.layers:
+            layer.headroom = c.buffer  # HeadLayer: rows each head keeps free after a round
+        if c.evicts and isinstance(c.budget, int):
+            for layer, k in zip(cache.layers, self.layer_budgets(0), strict=True):
+                layer.capacity_hint = k + c.buffer
+        self.cache = cache
+        self.state: list[dict] = [{} for _ in range(self.n_layers)]  # per layer, the policy's
+
+    def kept_positions(self) -> list[torch.Tensor]:
+        """Per layer (B, H_kv, N) positions held; -1 pads a head that holds fewer."""
+        return [
+            layer.live()[2].clone() if layer.is_initialized else torch.empty(0) for layer in self.cache.layers
+        ]
+
+    # ----------------------------------------------------------------- when rounds are due
+    def layer_budgets(self, logical_length: int) -> list[int]:
+        """Each layer's K at this logical length (fixed for a token budget)."""
+        b = self.config.budget
+        k = b if isinstance(b, int) else max(1, int(b * logical_length))
+        if k not in self._budgets:
+            self._budgets[k] = layer_budgets(self.config, self.policy, self.n_layers, logical_length)
+        return self._budgets[k]
+
+    def tokens_before_round(self, logical_length: int) -> int:
+        """Tokens that can be fed before some layer reaches K + r (<= 0: a round is due)."""
+        if not self.config.evicts:
+            return 1 << 62
+        budgets = self.layer_budgets(logical_length)
+        r = self.config.buffer
+        room = min(k + r - n for k, n in zip(budgets, self.cache.loads(), strict=True))
+        b = self.config.budget
+        if isinstance(b, float) and room > 0:
+            # K grows with the episode for a fractional budget; stretch the chunk so it still ends
+            # exactly at the trigger instead of creeping towards it in ever smaller chunks.
+            room = math.ceil(room / (1.0 - b))
+        return room
+
+    def make_room(self, logical_length: int, prompt_length: int | None) -> int:
+        """Run the rounds due before the next forward; returns how many tokens it may feed (>= 1)."""
+        room = self.tokens_before_round(logical_length)
+        # A rewind that took back every recorded query leaves a due round nothing to score with:
+        # then one token is fed first (one entry over K + r, as scope prefill's decode is).
+        if room <= 0 and self.cache.window_positions[0] is not None:
+            self.evict_due(logical_length, prompt_length)
+            room = self.tokens_before_round(logical_length)
+        return max(room, 1)
+
+    @torch.no_grad()
+    def evict_due(self, logical_length: int, prompt_length: int | None, to_budget: bool = False) -> None:
+        """Run a round on every layer that reached K + r (or, with to_budget, exceeds K)."""
+        budgets = self.layer_budgets(logical_length)
+        r = 0 if to_budget else self.config.buffer
+        due = [
+            li
+            for li, (k, n) in enumerate(zip(budgets, self.cache.loads(), strict=True))
+            if n >= k + r and n > k
+        ]
+        if not due:
+            return
+        n_prot = self._n_protected(logical_length, prompt_length)
+        for li in due:
+            if n_prot >= budgets[li]:
+                raise ConfigError(
+                    f"budget: layer {li} keeps K={budgets[li]} but {n_prot} tokens are protected "
+                    f"(protect={self.config.protect}); raise the budget or change protect"
+                )
+            self._evict_layer(li, budgets[li], logical_length, prompt_length)
+        self.round_index += 1
+        self.stats.rounds += 1
+
+    def compress(self, logical_length: int, prompt_length: int | None) -> None:
+        """Reprefill: cut every layer of the rebuilt cache to K at once, then move into the slot."""
+        if self.config.evicts:
+            self.evict_due(logical_length, prompt_length, to_budget=True)
+        if self.slot is not None:
+            self.cache.attach_slot(self.slot)
+
+    @torch.no_grad()
+    def absorb_pending(self, logical_length: int, prompt_length: int | None) -> None:
+        """Fold long pending-query buffers into policy state (H2O), without evicting."""
+        if not self.cache.keep_pending:
+            return
+        for li in range(self.n_layers):
+            if self.cache.pending_count(li) >= ABSORB_EVERY:
+                budget = self.layer_budgets(logical_length)[li]
+                self.policy.absorb(self._view(li, budget, logical_length, prompt_length, pending=True))
+
+    # ----------------------------------------------------------------- caller-chosen drops
+    def forget(self, positions: list[int], logical_length: int, prompt_length: int | None) -> int:
+        """Evict exactly `positions` from every layer and KV head now (protected ones too); returns
+        how many distinct positions were held. Counted in stats.evicted and stats.forgotten."""
+        if not positions:
+            return 0
+        wanted = torch.tensor(positions)
+        gone, n_drop = self._drop(
+            lambda live: torch.isin(live, wanted.to(live.device)), logical_length, prompt_length
+        )
+        self.stats.evicted += n_drop
+        self.stats.forgotten += n_drop
+        return len(gone)
+
+    def rewind(self, cut: int, prompt_length: int | None) -> None:
+        """Drop every entry of position >= cut, and the recorded queries of those positions (their
+        tokens left the stream). Per-entry policy state keeps what those queries added to it."""
+        self._drop(lambda live: live >= cut, cut, prompt_length)
+        self.cache.drop_queries_from(cut)
+
+    # ----------------------------------------------------------------- internals
+    def _n_protected(self, logical_length: int, prompt_length: int | None) -> int:
+        p = self.config.protect
+        if p == "prompt":
+            return prompt_length or 0
+        if p == "sink":
+            return min(SINK_TOKENS, logical_length)
+        return 0
+
+    def _view(self, li: int, budget: int, logical_length: int, prompt_length: int | None, pending: bool):
+        return build_view(
+            self.cache,
+            self.cache.layers[li],
+            n_layers=self.n_layers,
+            group_size=self.group_size,
+            scaling=self.scaling,
+            budget=budget,
+            n_protected=self._n_protected(logical_length, prompt_length),
+            block=self.policy.block,
+            generator=round_generator(self.config.seed, li, logical_length),
+            state=self.state[li],
+            pending=self.cache.take_pending(li) if pending else (None, None),
+        )
+
+    def _evict_layer(self, li: int, budget: int, logical_length: int, prompt_length: int | None) -> None:
+        layer = self.cache.layers[li]
+        if self.sync:
+            torch.cuda.synchronize()  # the forward's tail is not the round's cost
+        t0 = time.perf_counter()
+        view = self._view(
+            li, budget, logical_length, prompt_length, pending=self.policy.needs_pending_queries
+        )
+        keep = select_adaptive(self.policy, view) if self.adaptive else select(self.policy, view)
+        if self.sync:
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        before = layer.held()
+        self._compact(li, keep, budget + self.config.buffer, pad=self.adaptive)
+        if self.sync:
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        self.stats.scoring_s += t1 - t0
+        self.stats.compaction_s += t2 - t1
+        self.stats.evicted += before - layer.held()
+        self._record(li, logical_length, prompt_length)
+
+    def _compact(self, li: int, index: torch.Tensor, capacity: int, pad: bool) -> None:
+        """The one compaction: keep entries `index` (B, H_kv, M) of layer `li` (-1 = PAD, with
+        `pad`), and gather the policy's per-entry state with them."""
+        layer = self.cache.layers[li]
+        state = self.state[li]
+        pad_state(state, layer.n)  # state of entries appended since the last round
+        layer.compact(index, capacity, pad=pad)
+        per_entry = state.get("per_entry", {})
+        src = index.clamp(min=0)  # a head keeping fewer starts with -1 (PAD)
+        for name, t in per_entry.items():
+            per_entry[name] = t.expand(src.shape[0], src.shape[1], -1).gather(-1, src)
+
+    def _drop(
+        self, which: Callable[[torch.Tensor], torch.Tensor], logical_length: int, prompt_length: int | None
+    ) -> tuple[set[int], int]:
+        """Drop from every layer and KV head the entries `which(positions)` marks, now, like a
+        round whose keep-set the caller chose (audited with `forced=True`). Heads that lose
+        different counts leave the layer ragged (PAD entries, cache.py). Returns the distinct
+        positions dropped and the (layer, head) entries dropped."""
+        gone: set[int] = set()
+        dropped = 0
+        for li, layer in enumerate(self.cache.layers):
+            if not layer.is_initialized or layer.n == 0:
+                continue
+            live = layer.live()[2]
+            drop = which(live) & (live >= 0)
+            n_drop = int(drop.sum().item())
+            if not n_drop:
+                continue
+            gone.update(live[drop].unique().tolist())
+            index = keep_index(live, drop)
+            self._compact(li, index, max(layer.capacity_hint, index.shape[-1]), pad=True)
+            dropped += n_drop
+            self._record(li, logical_length, prompt_length, forced=True)
+        if dropped:
+            self.round_index += 1  # audit records stay ordered: this drop sits between two rounds
+        return gone, dropped
+
+    def _record(self, li: int, logical_length: int, prompt_length: int | None, forced: bool = False) -> None:
+        if self.audit is None:
+            return
+        protect = self.config.protect == "prompt"
+        self.audit.append(
+            AuditRound(
+                round=self.round_index,
+                layer=li,
+                logical_length=logical_length,
+                prompt_length=(prompt_length or 0) if protect else 0,
+                kept=self.cache.layers[li].live()[2][0].detach().cpu().clone(),
+                forced=forced,
+            )
+        )
