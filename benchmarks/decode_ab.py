@@ -1,96 +1,111 @@
-"""Solo decode step latency of two checkouts of kvagent, side by side in one run: the child
-process (one per checkout per round, alternating, so machine load hits both alike) times
-`Session.step` on one engine for a few cache configs; the driver reports each config's median step
-time per checkout and the ratio after / before. For refactors of the runtime's forward path.
+"""Solo decode step latency of two versions of kvagent, side by side in one process: the older
+package is imported under another name (`kvagent_before`, its imports and attention name
+rewritten), each version gets its own copy of the model, and blocks of `Session.step` calls
+alternate between the two sessions, so load from other jobs hits both alike. Reports each cache
+config's median step time per version and the ratio after / before, in the thread's CPU time (one
+torch thread) and in wall time; the ratio is the median over block pairs. For refactors of the runtime's forward path.
 
-    .venv/bin/python benchmarks/decode_ab.py --before /tmp/kv_before [--model smollm2] [--rounds 5]
+    .venv/bin/python benchmarks/decode_ab.py --before /tmp/kv_before [--model smollm2] [--blocks 24]
 
-`--before DIR` is a directory holding an older `kvagent/` package (e.g. `git archive REV kvagent |
-tar -x -C DIR`); "after" is this checkout, or `--after DIR`.
+`--before DIR` holds an older `kvagent/` package (`git archive REV kvagent | tar -x -C DIR`);
+"after" is the kvagent this Python imports (this checkout, or PYTHONPATH's).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import copy
+import importlib
+import re
+import shutil
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import torch
+
 # (policy, budget): the dense path, and evicting ones whose rounds fire during the timed steps.
 CONFIGS = (("full", None), ("random", 256), ("snapkv", 256))
 
 
-def child(model: str, length: int, steps: int, reps: int) -> dict:
-    import torch
-
-    from kvagent.runtime import CacheConfig, Engine
-
-    torch.set_num_threads(1)  # a shared machine: one thread is the steadiest measure
-    engine = Engine.load(model, device="cpu", dtype="float32")
-    gen = torch.Generator().manual_seed(0)
-    vocab = int(engine.model.config.vocab_size)
-    out = {}
-    for policy, budget in CONFIGS:
-        cfg = CacheConfig(policy=policy, budget=budget, buffer=32, protect="sink")
-        s = engine.session(cfg)
-        s.append(torch.randint(0, vocab - 512, (length,), generator=gen).tolist())
-        toks = torch.randint(0, vocab - 512, (steps * (reps + 1),), generator=gen).tolist()
-        for t in toks[:steps]:  # warm-up
-            s.step(t)
-        times = []
-        for r in range(1, reps + 1):
-            t0 = time.perf_counter()
-            for t in toks[r * steps : (r + 1) * steps]:
-                s.step(t)
-            times.append((time.perf_counter() - t0) / steps)
-        out[f"{policy}/{budget}"] = 1000 * min(times)
-    return out
+def renamed_copy(src: Path, dest: Path) -> None:
+    """`src/kvagent` copied to `dest/kvagent_before`, every kvagent import and the registered
+    attention name rewritten, so both versions load in one process."""
+    target = dest / "kvagent_before"
+    shutil.copytree(src / "kvagent", target, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in target.rglob("*.py"):
+        text = path.read_text()
+        text = re.sub(r"\bkvagent\.", "kvagent_before.", text)
+        text = re.sub(r"\bfrom kvagent import\b", "from kvagent_before import", text)
+        text = re.sub(r"\bimport kvagent\b(?!_)", "import kvagent_before", text)
+        text = text.replace('ATTN_NAME = "kvagent"', 'ATTN_NAME = "kvagent_before"')
+        path.write_text(text)
 
 
-def run_child(pythonpath: Path, args) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--model", args.model]
-    cmd += ["--length", str(args.length), "--steps", str(args.steps), "--reps", str(args.reps)]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-    return json.loads(res.stdout.strip().splitlines()[-1])
+def engines(args, before_dir: Path):
+    sys.path.insert(0, str(before_dir))
+    old = importlib.import_module("kvagent_before.runtime")
+    new = importlib.import_module("kvagent.runtime")
+    e_new = new.Engine.load(args.model, device="cpu", dtype="float32")
+    model = copy.deepcopy(e_new.model)
+    e_old = old.Engine.load(model, tokenizer=e_new.tokenizer, device="cpu", dtype="float32")
+    return (old, e_old), (new, e_new)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", type=Path, help="directory holding the older kvagent/ package")
-    ap.add_argument(
-        "--after", type=Path, default=ROOT, help="directory holding the newer one (this checkout)"
-    )
+    ap.add_argument("--before", type=Path, required=True, help="directory holding the older kvagent/")
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--length", type=int, default=512, help="tokens prefilled before timing")
-    ap.add_argument("--steps", type=int, default=64, help="decode steps per timed repetition")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per child (the fastest counts)")
-    ap.add_argument("--rounds", type=int, default=5, help="child runs per checkout, alternating")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=16, help="decode steps per timed block")
+    ap.add_argument("--blocks", type=int, default=24, help="timed blocks per version and config")
     args = ap.parse_args()
-    if args.child:
-        print(json.dumps(child(args.model, args.length, args.steps, args.reps)))
-        return
-    if args.before is None or not (args.before / "kvagent").is_dir():
+    if not (args.before / "kvagent").is_dir():
         ap.error("--before DIR must hold a kvagent/ package (git archive REV kvagent | tar -x -C DIR)")
-    runs = {"before": [], "after": []}
-    for i in range(args.rounds):
-        order = [("before", args.before), ("after", args.after)]
-        for name, path in order if i % 2 == 0 else order[::-1]:
-            runs[name].append(run_child(path, args))
-    print(
-        f"model {args.model}, L={args.length}, {args.rounds} rounds x {args.reps} reps x {args.steps} steps"
-    )
-    print(f"{'config':<14}{'before ms':>11}{'after ms':>11}{'after/before':>14}")
-    for key in runs["before"][0]:
-        b = statistics.median(r[key] for r in runs["before"])
-        a = statistics.median(r[key] for r in runs["after"])
-        print(f"{key:<14}{b:>11.3f}{a:>11.3f}{a / b:>14.3f}")
+    torch.set_num_threads(1)  # a shared machine: one thread is the steadiest measure
+    tmp = Path(tempfile.mkdtemp(prefix="kvagent-ab-"))
+    try:
+        renamed_copy(args.before, tmp)
+        versions = engines(args, tmp)
+        gen = torch.Generator().manual_seed(0)
+        vocab = int(versions[1][1].model.config.vocab_size)
+        print(f"model {args.model}, L={args.length}, {args.blocks} alternating blocks x {args.steps} steps")
+        rows = []
+        for policy, budget in CONFIGS:
+            prompt = torch.randint(0, vocab - 512, (args.length,), generator=gen).tolist()
+            toks = torch.randint(0, vocab - 512, (args.steps * (args.blocks + 1),), generator=gen).tolist()
+            sessions = []
+            for pkg, engine in versions:
+                cfg = pkg.CacheConfig(policy=policy, budget=budget, buffer=32, protect="sink")
+                s = engine.session(cfg)
+                s.append(prompt)
+                for t in toks[: args.steps]:  # warm-up
+                    s.step(t)
+                sessions.append(s)
+            times = {"before": ([], []), "after": ([], [])}
+            for b in range(1, args.blocks + 1):
+                block = toks[b * args.steps : (b + 1) * args.steps]
+                order = [("before", sessions[0]), ("after", sessions[1])]
+                for name, s in order if b % 2 else order[::-1]:
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    for t in block:
+                        s.step(t)
+                    times[name][0].append(1000 * (time.thread_time() - c0) / args.steps)
+                    times[name][1].append(1000 * (time.perf_counter() - t0) / args.steps)
+            rows.append((f"{policy}/{budget}", times))
+        for i, clock in enumerate(("cpu", "wall")):
+            print(f"{clock + ' ms/step':<14}{'before':>10}{'after':>10}{'after/before':>14}")
+            for key, times in rows:
+                b, a = (statistics.median(times[v][i]) for v in ("before", "after"))
+                # the median of each block pair's ratio: pairs ran back to back, under one load
+                r = statistics.median(
+                    x / y for x, y in zip(times["after"][i], times["before"][i], strict=True)
+                )
+                print(f"{key:<14}{b:>10.3f}{a:>10.3f}{r:>14.3f}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

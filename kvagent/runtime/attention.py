@@ -83,9 +83,10 @@ def flash(query, key, value, scaling):
     )
 
 
-def attend_layer(layer, query, scaling: float, backend: str) -> torch.Tensor:
+def attend_layer(layer, query, scaling: float, backend: str, keys=None, values=None) -> torch.Tensor:
     """(1, q, H_q, D): one session's chunk of queries (1, H_q, q, D) against its cache layer, which
-    already holds the chunk's own keys. The kernel is chosen here and in `attend_rows` only."""
+    already holds the chunk's own keys (`keys`/`values`: its live entries, if at hand). The kernel
+    is chosen here and in `attend_rows` only."""
     heads = getattr(layer, "head_entries", None)
     if heads is not None:  # head_budget=adaptive: a buffer per KV head (heads.py)
         g = query.shape[1] // layer.n_heads
@@ -95,8 +96,9 @@ def attend_layer(layer, query, scaling: float, backend: str) -> torch.Tensor:
             use_flash = backend == "flash" and qh.is_cuda
             outs.append(flash(qh, kh, vh, scaling) if use_flash else sdpa(qh, kh, vh, scaling))
         return torch.cat(outs, dim=2)
-    keys, values, _ = layer.live()
-    valid = layer.valid()
+    if keys is None:
+        keys, values, _ = layer.live()
+    valid = layer.valid(keys.shape[2])
     if valid is None and backend == "flash" and query.is_cuda:
         return flash(query, keys, values, scaling)
     return sdpa(query, keys, values, scaling, valid)
@@ -145,7 +147,7 @@ def kvagent_attention(module, query, key, value, attention_mask, scaling=None, d
     if forward is None:
         return sdpa(query, key, value, scaling), None
     forward.record_queries(module.layer_idx, query)
-    return forward.attend(module.layer_idx, query, scaling), None
+    return forward.attend(module.layer_idx, query, key, value, scaling), None
 
 
 def kvagent_mask(*args, **kwargs):

@@ -53,13 +53,14 @@ class PackedLayer(CacheLayerMixin):
 
     def update(self, key_states, value_states, *args, **kwargs):
         chunks = self.owner.chunks
-        if len(chunks) == 1:  # a solo forward: no slicing on the per-layer path
-            chunks[0].cache.layers[self.layer_idx].update(key_states, value_states)
-        else:
-            for c in chunks:
-                c.cache.layers[self.layer_idx].update(
-                    key_states[:, :, c.start : c.end], value_states[:, :, c.start : c.end]
-                )
+        if len(chunks) == 1:
+            # A solo forward: the session's layer takes the chunk whole, and its live keys and
+            # values go on to the attention (`PackedCache.attend`), as a plain cache's would.
+            return chunks[0].cache.layers[self.layer_idx].update(key_states, value_states)
+        for c in chunks:
+            c.cache.layers[self.layer_idx].update(
+                key_states[:, :, c.start : c.end], value_states[:, :, c.start : c.end]
+            )
         # The attention reads each session's own storage (`PackedCache.attend`), not these.
         return key_states, value_states
 
@@ -97,11 +98,13 @@ class PackedCache(Cache):
                 # A view would pin the whole packed query for as long as the session keeps it.
                 c.cache.record_queries(layer_idx, query[:, :, c.start : c.end].clone())
 
-    def attend(self, layer_idx: int, query: torch.Tensor, scaling: float) -> torch.Tensor:
-        """(1, T, H_q, D) attention output of every chunk, in packed order."""
+    def attend(self, layer_idx: int, query: torch.Tensor, key, value, scaling: float) -> torch.Tensor:
+        """(1, T, H_q, D) attention output of every chunk, in packed order. `key`/`value` are what
+        this layer's `update` returned: a solo session's live entries, else the packed chunk's."""
         if len(self.chunks) == 1:
             self.widest_run = max(self.widest_run, 1)
-            return attend_layer(self.chunks[0].cache.layers[layer_idx], query, scaling, self.backend)
+            layer = self.chunks[0].cache.layers[layer_idx]
+            return attend_layer(layer, query, scaling, self.backend, key, value)
         runs = _runs(self.chunks, layer_idx)
         self.widest_run = max(self.widest_run, max(len(r) for r in runs))
         outs = [
@@ -160,18 +163,20 @@ def _attend_run(run: list[Chunk], li: int, query, scaling, backend) -> torch.Ten
 def run_forward(engine, chunks: list[Chunk]) -> int:
     """One forward over `chunks`; sets each chunk's float32 logits (every row or the last).
     Returns the most decode tokens one attention call served (the widest run)."""
-    offset, ids, positions, keep = 0, [], [], []
-    for c in chunks:
-        c.start = offset
-        offset += len(c.ids)
-        ids.extend(c.ids)
-        positions.append(c.positions)
-        c.cache.current_positions = c.positions
-        keep.extend(range(c.start, c.end) if c.all_logits else [c.end - 1])
     device = engine.device
     if len(chunks) == 1:  # a solo session: its positions as they are, a plain slice of logits
-        position_ids, to_keep = positions[0].unsqueeze(0), 0 if chunks[0].all_logits else 1
+        c = chunks[0]
+        c.start, ids, c.cache.current_positions = 0, c.ids, c.positions
+        position_ids, to_keep = c.positions.unsqueeze(0), 0 if c.all_logits else 1
     else:
+        offset, ids, positions, keep = 0, [], [], []
+        for c in chunks:
+            c.start = offset
+            offset += len(c.ids)
+            ids.extend(c.ids)
+            positions.append(c.positions)
+            c.cache.current_positions = c.positions
+            keep.extend(range(c.start, c.end) if c.all_logits else [c.end - 1])
         position_ids, to_keep = torch.cat(positions).unsqueeze(0), torch.tensor(keep, device=device)
     cache = _packed_cache(engine.n_layers, engine.backend)
     cache.chunks, cache.widest_run = chunks, 0

@@ -299,7 +299,8 @@ class Session:
         logits = chunk.logits
         self.history.extend(ids)
         self._last_logits = logits[-1]
-        self.evictor.absorb_pending(self.logical_length, self.prompt_length)
+        if cache.keep_pending:
+            self.evictor.absorb_pending(self.logical_length, self.prompt_length)
         if tracer is not None:
             tracer.forwarded(start, ids, kept, logits)
         return logits
