@@ -8,7 +8,8 @@ torch thread) and in wall time; the ratio is the median over block pairs. For re
     .venv/bin/python benchmarks/decode_ab.py --before /tmp/kv_before [--model smollm2] [--blocks 24]
 
 `--before DIR` holds an older `kvagent/` package (`git archive REV kvagent | tar -x -C DIR`);
-"after" is the kvagent this Python imports (this checkout, or PYTHONPATH's).
+"after" is this checkout's (or `--after DIR`'s). `--before` and `--after` the same is the A/A run
+that shows the noise.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
 # (policy, budget): the dense path, and evicting ones whose rounds fire during the timed steps.
 CONFIGS = (("full", None), ("random", 256), ("snapkv", 256))
 
@@ -45,18 +47,25 @@ def renamed_copy(src: Path, dest: Path) -> None:
 
 
 def engines(args, before_dir: Path):
+    sys.path.insert(0, str(args.after))
     sys.path.insert(0, str(before_dir))
     old = importlib.import_module("kvagent_before.runtime")
     new = importlib.import_module("kvagent.runtime")
-    e_new = new.Engine.load(args.model, device="cpu", dtype="float32")
-    model = copy.deepcopy(e_new.model)
-    e_old = old.Engine.load(model, tokenizer=e_new.tokenizer, device="cpu", dtype="float32")
-    return (old, e_old), (new, e_new)
+    loaded = new.Engine.load(args.model, device="cpu", dtype="float32")
+    out = []
+    for pkg in (old, new):  # each its own copy of the weights, made alike
+        model = copy.deepcopy(loaded.model)
+        out.append((pkg, pkg.Engine.load(model, tokenizer=loaded.tokenizer, device="cpu", dtype="float32")))
+    del loaded
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, required=True, help="directory holding the older kvagent/")
+    ap.add_argument(
+        "--after", type=Path, default=ROOT, help="directory holding the newer kvagent/ (this checkout)"
+    )
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--length", type=int, default=512, help="tokens prefilled before timing")
     ap.add_argument("--steps", type=int, default=16, help="decode steps per timed block")
@@ -72,6 +81,9 @@ def main() -> None:
         gen = torch.Generator().manual_seed(0)
         vocab = int(versions[1][1].model.config.vocab_size)
         print(f"model {args.model}, L={args.length}, {args.blocks} alternating blocks x {args.steps} steps")
+        print(
+            f"before: {Path(versions[0][0].__file__).parents[1]}, after: {Path(versions[1][0].__file__).parents[1]}"
+        )
         rows = []
         for policy, budget in CONFIGS:
             prompt = torch.randint(0, vocab - 512, (args.length,), generator=gen).tolist()
