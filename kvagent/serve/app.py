@@ -39,7 +39,7 @@ class ServeConfig:
     kv_memory: int | None = None  # bytes of KV that idle sessions may hold together
     max_queue: int = 64  # requests admitted beyond those running
     max_sessions: int = 1024
-    drain_timeout: float = 30.0  # seconds in-flight requests get at shutdown
+    drain_timeout: float = 30.0  # seconds in-flight requests get at shutdown (Server.drain)
 
 
 def error_response(e: Exception) -> JSONResponse:
@@ -68,6 +68,10 @@ class Server:
         self.runner = Runner(engine, self.conversations, config.max_queue)
         self.metrics = Metrics(self.state)
         self.created = int(time.time())
+
+    def drain(self) -> None:
+        """Stop admitting; in-flight requests get the drain timeout, then end at their next token."""
+        self.runner.drain(self.config.drain_timeout)
 
     def state(self) -> dict[str, Any]:
         sched = self.engine.scheduler
