@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from kvagent.agent import AgentConfig, run_episode
+from kvagent.agent import AgentConfig, ChatMLRenderer, run_episode
 from kvagent.runtime import CacheConfig, Engine
 from kvagent.runtime.oracle import check_session_against_oracle, trace
 from kvagent.testing import Generated
@@ -114,6 +114,7 @@ def test_stream_equals_r2egyms_rendering(tiny, prompts, mode):
     assert session.history[:last] == expected
     assert tiny.tokenizer.decode(session.history[:last]) == rendered
     assert session.logical_length == len(session.history)  # no gap: positions contiguous
+    assert ChatMLRenderer.transcript(result.messages) == tiny.tokenizer.decode(session.history)
     assert [t.reply for t in result.turns] == [
         tiny.tokenizer.decode(tiny.tokenizer.encode(r, add_special_tokens=False)) + "<|im_end|>"
         for r in REPLIES
