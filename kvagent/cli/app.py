@@ -114,6 +114,7 @@ def demo(
 @app.command()
 @user_errors
 def solve(
+    ctx: typer.Context,
     issue: Annotated[str, typer.Option(help="The issue text, or a file holding it.")],
     repo: Annotated[
         str | None, typer.Option(help="Local repository (copied; never edited in place).")
@@ -151,7 +152,7 @@ def solve(
 
     run_solve(
         issue=issue, repo=repo, image=image, model=model, out=out, device=device, dtype=dtype, isolation=isolation,
-        cache=cache_args(policy, budget, buffer, mode, scope, protect, window, seed, policy_arg, head_budget),
+        cache={**cache_args(ctx.params), "policy_arg": policy_arg},
         agent=agent_args(max_steps, max_new_tokens, context_limit, temperature, prompt_style, seed,
                          prompts, scaffold, history),
     )  # fmt: skip
@@ -160,6 +161,7 @@ def solve(
 @app.command()
 @user_errors
 def chat(
+    ctx: typer.Context,
     repo: Annotated[
         str, typer.Option(help="Local repository (copied; never edited in place); default: this directory.")
     ] = ".",
@@ -194,7 +196,7 @@ def chat(
 
     run_chat(
         repo=repo, model=model, approval=approval, device=device, dtype=dtype, isolation=isolation,
-        cache=cache_args(policy, budget, buffer, mode, scope, protect, window, seed, policy_arg, head_budget),
+        cache={**cache_args(ctx.params), "policy_arg": policy_arg},
         agent=agent_args(max_steps, max_new_tokens, context_limit, temperature, prompt_style, seed,
                          prompts, scaffold, history),
     )  # fmt: skip
@@ -309,8 +311,7 @@ def eval_(
         budgets=budgets, seeds=seeds, model=model, policy_arg=policy_arg, env=env, repos=repos,
         grade=grade, out=out, device=device, dtype=dtype, grid=dict(ctx.params),
         concurrency=concurrency if workers is None else workers,
-        cache_options={"buffer": buffer, "scope": scope, "protect": protect, "window": window,
-                       "head_budget": head_budget},
+        cache_options=cache_args(ctx.params),  # buffer, scope, protect, window, ...: one value each
         agent=agent_args(max_steps, max_new_tokens, context_limit, temperature, "repo_first", 0,
                          prompts, scaffold, history),
     )  # fmt: skip
@@ -384,6 +385,7 @@ def clean(
 @app.command()
 @user_errors
 def serve(
+    ctx: typer.Context,
     model: Model = AGENT_MODEL,
     policy: Policy = "full",
     budget: Budget = None,
@@ -430,7 +432,7 @@ def serve(
         model=model, max_batch=max_batch, kv_memory=kv_memory, host=host, port=port, max_queue=max_queue,
         max_sessions=max_sessions, drain_timeout=drain_timeout, served_model_name=served_model_name,
         device=device, dtype=dtype, log_level=log_level,
-        cache=cache_args(policy, budget, buffer, mode, scope, protect, window, seed, policy_arg, head_budget),
+        cache={**cache_args(ctx.params), "policy_arg": policy_arg},
     )  # fmt: skip
 
 

@@ -30,6 +30,7 @@ bench_app = typer.Typer(
 @bench_app.command("fidelity")
 @user_errors
 def bench_fidelity(
+    ctx: typer.Context,
     model: Model = BENCH_MODEL,
     policies: Policies = "random,snapkv,h2o,streaming,pyramidkv,nexus",
     modes: Modes = "persistent,reprefill",
@@ -70,11 +71,7 @@ def bench_fidelity(
     """Replay agent episodes under each policy and compare with the full cache."""
     from kvagent.cli.bench import run_fidelity_bench
 
-    run_fidelity_bench(
-        model=model, policies=policies, modes=modes, budgets=budgets, scopes=scopes, protect=protect,
-        episodes=episodes, out=out, buffer=buffer, window=window, seed=seed, policy_arg=policy_arg,
-        max_tokens=max_tokens, quiet=quiet, device=device, dtype=dtype, head_budget=head_budget,
-    )  # fmt: skip
+    run_fidelity_bench(**ctx.params)  # its other cache options are swept (`--head-budget uniform,adaptive`)
 
 
 @bench_app.command("study")
@@ -149,7 +146,7 @@ def bench_study(
         model=model, policies=policies, modes=modes, budgets=budgets, seeds=seeds,
         ablation_budget=ablation_budget, ablation_protect=ablation_protect,
         ablation_policies=ablation_policies, episodes=episodes, out=out, buffer=buffer, window=window,
-        bucket=bucket, policy_arg=policy_arg, max_tokens=max_tokens, clip_chars=clip_chars, workers=concurrency,
+        bucket=bucket, policy_arg=policy_arg, max_tokens=max_tokens, clip_chars=clip_chars, concurrency=concurrency,
         estimate_only=estimate_only, report_only=report_only, quiet=quiet, device=device, dtype=dtype,
     )  # fmt: skip
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import wraps
 from typing import Annotated, Any
 
@@ -157,13 +157,13 @@ Instances = Annotated[
 ]
 
 
-def cache_args(
-    policy, budget, buffer, mode, scope, protect, window, seed, policy_arg, head_budget="uniform"
-) -> dict[str, Any]:
-    return dict(
-        policy=policy, budget=budget, buffer=buffer, mode=mode, scope=scope, protect=protect,
-        window=window, seed=seed, policy_arg=policy_arg, head_budget=head_budget,
-    )  # fmt: skip
+def cache_args(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A command's cache settings out of all its parameters (`ctx.params`): those named as a run's
+    CacheConfig fields (policy, budget, ..., as the command has them), so a field added there and
+    declared as an option here reaches the command without another edit. --policy-arg is apart."""
+    from kvagent.runspec import IDENTITY
+
+    return {k: v for k, v in params.items() if k in IDENTITY}
 
 
 def agent_args(
