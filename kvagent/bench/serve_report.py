@@ -80,7 +80,8 @@ def report(
         for key in ("output_tok_s", "ttft_p50_s", "ttft_p95_s"):
             a, b = s.get(key), base.get(key) if base else None
             s[f"{key}_vs_first"] = a / b if a and b else None
-    return {"workload": workload, "settings": settings, "servers": servers, "streams": same_streams(results)}
+    return {"workload": workload, "settings": settings, "servers": servers, "streams": same_streams(results),
+            "runs": results}  # fmt: skip
 
 
 def _f(x: Any, spec: str = ".2f", unit: str = "") -> str:

@@ -4,7 +4,9 @@ recorded reply's length; the next turn continues with the RECORDED reply, not th
 every server sees the same token streams whatever it samples.
 
 Observations go out as `user` messages: a `tool` message is rendered by one server's template and
-folded by another's, and the streams would differ."""
+folded by another's, and the streams would differ. A run's `tag` opens every conversation's first
+message, so a server that kept an earlier run's prefixes (vLLM's prefix cache, kvagent's live
+sessions) starts this one cold; the conversations of one run still share what they share."""
 
 from __future__ import annotations
 
@@ -57,11 +59,14 @@ def conversation_of(
     count_prompt: Callable[[list[dict[str, str]]], int],
     count_text: Callable[[str], int],
     limits: Limits,
+    tag: str = "",
 ) -> Conversation:
     """`count_prompt(messages)`: tokens of the rendered chat with its generation prompt;
     `count_text(text)`: tokens of a reply."""
     conv = Conversation(episode.name)
     sent = [_as_sent(m) for m in episode.messages]
+    if tag and sent:
+        sent[0] = {**sent[0], "content": f"{tag}\n{sent[0]['content']}"}
     for i, m in enumerate(sent):
         if m["role"] != "assistant" or i == 0 or sent[i - 1]["role"] == "assistant":
             continue  # a reply needs an observation (or the task) right before it
@@ -82,6 +87,7 @@ def build_workload(
     count_text: Callable[[str], int],
     limits: Limits,
     conversations: int,
+    tag: str = "",
 ) -> list[Conversation]:
     """The first `conversations` episodes that have at least one turn within the limits (each
     episode once: two copies of one conversation would share their streams)."""
@@ -89,7 +95,7 @@ def build_workload(
         raise ConfigError(f"conversations: must be >= 1, got {conversations}")
     out, skipped = [], []
     for ep in episodes:
-        conv = conversation_of(ep, count_prompt, count_text, limits)
+        conv = conversation_of(ep, count_prompt, count_text, limits, tag)
         (out if conv.turns else skipped).append(conv)
         if len(out) == conversations:
             return out

@@ -224,6 +224,13 @@ def bench_serve(
     seed: Annotated[int, typer.Option(help="Each request's seed.")] = 0,
     timeout: Annotated[float, typer.Option(help="Seconds one request may take.")] = 600.0,
     out: Annotated[str, typer.Option(help="Directory for serve.json / .md / .png.")] = "bench-out",
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            help="Open each conversation with this run's own tag, so no server reuses an earlier run's "
+            "cached prefixes (--no-fresh: replay the recorded text exactly)."
+        ),
+    ] = True,
     quiet: Quiet = False,
 ) -> None:
     """Replay agent trajectories as concurrent multi-turn conversations against OpenAI-compatible
@@ -234,4 +241,5 @@ def bench_serve(
         urls=url, episodes=episodes, concurrency=concurrency, conversations=conversations, turns=turns,
         max_context=max_context, max_reply=max_reply, clip_chars=clip_chars, tokenizer=tokenizer,
         model_name=model_name, temperature=temperature, seed=seed, timeout=timeout, out=out, quiet=quiet,
+        fresh=fresh,
     )  # fmt: skip

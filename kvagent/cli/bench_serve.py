@@ -57,8 +57,9 @@ def _write(out: Path, rep: dict[str, Any]) -> None:
 def run_serve_bench(
     *, urls: list[str], episodes: list[str], concurrency: int, conversations: int | None, turns: int,
     max_context: int, max_reply: int, clip_chars: int | None, tokenizer: str, model_name: str | None,
-    temperature: float, seed: int, timeout: float, out: str, quiet: bool,
+    temperature: float, seed: int, timeout: float, out: str, quiet: bool, fresh: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
+    import secrets
     import sys
 
     from kvagent.bench.serve_load import LoadSettings, Target, run_load
@@ -82,11 +83,12 @@ def run_serve_bench(
     if clip_chars:
         eps = [clip_messages(e, clip_chars) for e in eps]
     count_prompt, count_text = counters(load_tokenizer(tokenizer))
-    convs = build_workload(eps, count_prompt, count_text, limits, conversations or concurrency)
+    tag = f"[run {secrets.token_hex(4)}]" if fresh else ""  # see serve_workload: every run starts cold
+    convs = build_workload(eps, count_prompt, count_text, limits, conversations or concurrency, tag)
     facts = workload_facts(convs)
     run_settings = {"concurrency": concurrency, "temperature": temperature, "seed": seed,
                     "max_turns": turns, "max_context": max_context, "max_reply": max_reply,
-                    "clip_chars": clip_chars, "episodes": episodes, "tokenizer": tokenizer}  # fmt: skip
+                    "clip_chars": clip_chars, "episodes": episodes, "tokenizer": tokenizer, "tag": tag}  # fmt: skip
     results: list[dict[str, Any]] = []
     try:
         with Bars(enabled=not quiet) as bars:

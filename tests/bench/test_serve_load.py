@@ -55,6 +55,16 @@ def test_turns_carry_the_recorded_replies_and_send_observations_as_user():
     assert conv.final_length == t2.prompt_tokens + 8
 
 
+def test_a_run_tag_opens_every_turn_and_changes_nothing_else():
+    ep = _episode("a", 2)
+    plain = conversation_of(ep, _count_words, _words, Limits())
+    tagged = conversation_of(ep, _count_words, _words, Limits(), tag="[run 1234]")
+    for p, t in zip(plain.turns, tagged.turns, strict=True):
+        assert t.messages[0]["content"] == "[run 1234]\n" + p.messages[0]["content"]
+        assert t.messages[1:] == p.messages[1:] and t.max_tokens == p.max_tokens
+    assert ep.messages[0]["content"] == "You are an agent."  # the episode itself is untouched
+
+
 def test_limits_cut_turns_replies_and_context():
     ep = _episode("a", 5)
     assert len(conversation_of(ep, _count_words, _words, Limits(max_turns=2)).turns) == 2
