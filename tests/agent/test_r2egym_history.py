@@ -139,3 +139,20 @@ def test_evicting_session_stays_exact_under_rewinds(tiny, prompts):
     session, _, records, result = episode(tiny, cache, prompts)
     assert result.turns[0].rewound > 0
     assert check_session_against_oracle(session, records) < 1e-4
+
+
+def test_chat_follow_up_re_renders_the_last_reply(tokenizer):
+    """Chat under R2E-Gym's protocol: the reply that ended a request is re-rendered when the next
+    request arrives, as an observation would re-render it."""
+    from kvagent.agent.chat import ChatAgent
+    from kvagent.testing import ScriptedSession
+    from tests.helpers import SUBMIT
+
+    session = ScriptedSession(tokenizer, ["<think>a</think>" + SUBMIT, SUBMIT])
+    chat = ChatAgent(session, Env(), tokenizer, AgentConfig(scaffold="r2egym"))
+    assert chat.ask("first") == "submitted" and chat.ask("second") == "submitted"
+    assert len(session.rewound) == 1 and chat.turns[0].rewound == session.rewound[0]
+    assert chat.messages[2]["content"].startswith(
+        "<function=finish>\n  <parameter=command>submit</parameter>"
+    )
+    assert ChatMLRenderer.transcript(chat.messages) == tokenizer.decode(session.history)
