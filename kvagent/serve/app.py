@@ -97,8 +97,8 @@ class Server:
             )
         config = request_config(self.config.defaults, req.kv)
         prompt = await run_in_threadpool(render.prompt_ids, self.engine.tokenizer, req)
-        spec = self._spec(req, len(prompt))
-        job = Job(prompt, config, spec, req.stream, asyncio.get_running_loop())
+        spec = self._spec(req, len(prompt.ids))
+        job = Job(prompt.ids, prompt.first, config, spec, req.stream, asyncio.get_running_loop())
         try:
             self.runner.submit(job)
         except Busy as e:
