@@ -6,6 +6,11 @@
 #       --kv-gib: vLLM's KV memory in GiB; a whole number goes through VLLM_CPU_KVCACHE_SPACE, a
 #       fraction (0.25) through --kv-cache-memory-bytes (the same setting in bytes).
 #   scripts/peer_vllm.sh model-dir               # prints the HF directory served
+#   scripts/peer_vllm.sh compare --kv-gib G [--vllm "ARGS"] [--kvagent "ARGS"] [-- BENCH SERVE ARGS]
+#       starts both servers (vLLM on $PEER_VLLM_PORT, default 8001; `kvagent serve` with ARGS on
+#       $PEER_KVAGENT_PORT, default 8000), waits until both
+#       answer, runs `kvagent bench serve --url vllm=... --url kvagent=...` (vLLM first, so the
+#       "vs first" column is kvagent / vLLM), and stops both, also on Ctrl-C.
 #
 # Nothing of vLLM enters kvagent's environment or dependencies: `.venv-vllm` is ignored by git.
 # The model is the bundled SmolLM2, as the HF directory kvagent converts its GGUF to once (under
@@ -80,9 +85,50 @@ serve() {
         "${extra[@]}"
 }
 
+wait_up() {  # URL PID NAME: until URL/v1/models answers (a server's first start may compile for minutes)
+    local i
+    for i in $(seq 1 240); do
+        curl -sf "$1/v1/models" >/dev/null 2>&1 && return 0
+        kill -0 "$2" 2>/dev/null || die "$3 exited before it answered; see its log"
+        sleep 5
+    done
+    die "$3 did not answer within 20 minutes"
+}
+
+compare() {
+    local kv_gib="" vllm_args="" kvagent_args="--model smollm2 --max-batch 8" bench=()
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --kv-gib) kv_gib="$2"; shift 2 ;;
+            --vllm) vllm_args="$2"; shift 2 ;;
+            --kvagent) kvagent_args="$2"; shift 2 ;;
+            --) shift; bench=("$@"); break ;;
+            *) die "unknown option $1; see the header of $0" ;;
+        esac
+    done
+    [ -n "$kv_gib" ] || die "compare needs --kv-gib N (vLLM's KV memory)"
+    local logs="${PEER_LOGS:-/tmp/peer-logs}" pids=()
+    local vp="${PEER_VLLM_PORT:-8001}" kp="${PEER_KVAGENT_PORT:-8000}"
+    mkdir -p "$logs"
+    trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null' EXIT
+    # shellcheck disable=SC2086  # the ARGS strings are word lists by design
+    "$0" serve --kv-gib "$kv_gib" --port "$vp" -- $vllm_args >"$logs/vllm.log" 2>&1 &
+    pids+=($!)
+    # shellcheck disable=SC2086
+    "$KVAGENT_PY" -m kvagent serve --port "$kp" --log-level warning $kvagent_args >"$logs/kvagent.log" 2>&1 &
+    pids+=($!)
+    wait_up "http://127.0.0.1:$vp" "${pids[0]}" "vLLM ($logs/vllm.log)"
+    wait_up "http://127.0.0.1:$kp" "${pids[1]}" "kvagent serve ($logs/kvagent.log)"
+    echo "peer_vllm.sh: both servers up; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    "$KVAGENT_PY" -m kvagent bench serve --url "vllm=http://127.0.0.1:$vp" --url "kvagent=http://127.0.0.1:$kp" \
+        "${bench[@]}"
+    echo "peer_vllm.sh: load average after the run $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+}
+
 case "${1:-}" in
     install) install ;;
     serve) shift; serve "$@" ;;
     model-dir) model_dir ;;
-    *) die "usage: $0 install | serve --kv-gib N [--port P] [--dtype D] [-- ARGS] | model-dir" ;;
+    compare) shift; compare "$@" ;;
+    *) die "usage: $0 install | serve --kv-gib N [--port P] [--dtype D] [-- ARGS] | model-dir | compare ..." ;;
 esac
