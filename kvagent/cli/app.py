@@ -28,6 +28,8 @@ from kvagent.cli.params import (
     Mode,
     Model,
     Modes,
+    Network,
+    PatchRule,
     Policies,
     Policy,
     PolicyArg,
@@ -35,11 +37,14 @@ from kvagent.cli.params import (
     PromptStyle,
     Protect,
     Quiet,
+    R2EGym,
     Scaffold,
     Scope,
     Seed,
     Split,
     Temperature,
+    TopK,
+    TopP,
     Window,
     agent_args,
     cache_args,
@@ -137,8 +142,12 @@ def solve(
     temperature: Temperature = 1.0,
     prompt_style: PromptStyle = "repo_first",
     prompts: Prompts = None,
+    r2egym: R2EGym = None,
     scaffold: Scaffold = "kvagent",
-    history: History = "keep-thinking",
+    history: History = None,
+    patch_rule: PatchRule = None,
+    top_p: TopP = None,
+    top_k: TopK = None,
     out: Annotated[
         str | None,
         typer.Option(help="Directory for episode.traj.json and patch.diff (default runs/solve-TIME)."),
@@ -146,15 +155,16 @@ def solve(
     device: Device = "auto",
     dtype: Dtype = "auto",
     isolation: Isolation = "bwrap",
+    network: Network = "none",
 ) -> None:
     """Run the agent on one issue in a repository or image."""
     from kvagent.cli.solve import run_solve
 
     run_solve(
         issue=issue, repo=repo, image=image, model=model, out=out, device=device, dtype=dtype, isolation=isolation,
+        network=network,
         cache={**cache_args(ctx.params), "policy_arg": policy_arg},
-        agent=agent_args(max_steps, max_new_tokens, context_limit, temperature, prompt_style, seed,
-                         prompts, scaffold, history),
+        agent=agent_args(ctx.params),
     )  # fmt: skip
 
 
@@ -185,8 +195,11 @@ def chat(
     temperature: Temperature = 1.0,
     prompt_style: PromptStyle = "repo_first",
     prompts: Prompts = None,
+    r2egym: R2EGym = None,
     scaffold: Scaffold = "kvagent",
-    history: History = "keep-thinking",
+    history: History = None,
+    top_p: TopP = None,
+    top_k: TopK = None,
     device: Device = "auto",
     dtype: Dtype = "auto",
     isolation: Isolation = "bwrap",
@@ -197,8 +210,7 @@ def chat(
     run_chat(
         repo=repo, model=model, approval=approval, device=device, dtype=dtype, isolation=isolation,
         cache={**cache_args(ctx.params), "policy_arg": policy_arg},
-        agent=agent_args(max_steps, max_new_tokens, context_limit, temperature, prompt_style, seed,
-                         prompts, scaffold, history),
+        agent=agent_args(ctx.params),
     )  # fmt: skip
 
 
@@ -266,8 +278,13 @@ def eval_(
     context_limit: ContextLimit = 65_536,
     temperature: Temperature = 1.0,
     prompts: Prompts = None,
+    r2egym: R2EGym = None,
     scaffold: Scaffold = "kvagent",
-    history: History = "keep-thinking",
+    history: History = None,
+    patch_rule: PatchRule = None,
+    top_p: TopP = None,
+    top_k: TopK = None,
+    network: Network = "none",
     out: Annotated[str, typer.Option(help="Run directory (resumable).")] = "runs/eval",
     device: Device = "auto",
     dtype: Dtype = "auto",
@@ -292,6 +309,8 @@ def eval_(
     if ray is not None:  # the same sweep on Ray actors; without --ray, Ray is never imported
         if isolation != "bwrap":
             fail("--isolation none is not available with --ray; Ray workers always use bwrap")
+        if network != "none":
+            fail("--network default is not available with --ray; Ray workers' containers have no network")
         from functools import partial
 
         from kvagent.cli.eval_ray import run_eval_ray
@@ -304,7 +323,7 @@ def eval_(
 
         from kvagent.cli.eval import run_eval
 
-        run_eval = partial(run_eval, isolation=isolation)
+        run_eval = partial(run_eval, isolation=isolation, network=network)
 
     run_eval(
         dataset=dataset, split=split, instances=instances, policies=policies, modes=modes,
@@ -312,8 +331,7 @@ def eval_(
         grade=grade, out=out, device=device, dtype=dtype, grid=dict(ctx.params),
         concurrency=concurrency if workers is None else workers,
         cache_options=cache_args(ctx.params),  # buffer, scope, protect, window, ...: one value each
-        agent=agent_args(max_steps, max_new_tokens, context_limit, temperature, "repo_first", 0,
-                         prompts, scaffold, history),
+        agent=agent_args(ctx.params, prompt_style="repo_first", seed=0),
     )  # fmt: skip
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -218,6 +219,7 @@ def run_eval(
     dtype: str = "auto",
     console: Console | None = None,
     isolation: str = "bwrap",
+    network: str = "none",
     grid: Mapping[str, Any] | None = None,
     **sweep: Any,
 ) -> dict[str, Any]:
@@ -232,6 +234,7 @@ def run_eval(
     if env == "local" and not repos:
         raise KvagentError("eval: --env local needs --repos DIR holding one checkout per instance id")
     environments.check_isolation(isolation)
+    network_on = environments.check_network(network, env)
     plan = plan_eval(console=console, **sweep)
     agent_cfg, selected, runs, run_dir, done, left = (
         plan.agent_config, plan.selected, plan.runs, plan.run_dir, plan.done, plan.left
@@ -243,7 +246,8 @@ def run_eval(
         for inst in selected:
             environments.local_repo(Path(repos), inst)
     else:
-        open_env, grader = environments.docker_env, environments.docker_grader
+        open_env = functools.partial(environments.docker_env, network=network_on)
+        grader = environments.docker_grader
     if left:
         check_out_dir(run_dir)
         by_id = {i.instance_id: i for i in selected}

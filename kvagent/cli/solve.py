@@ -88,6 +88,7 @@ def run_solve(
     dtype: str = "auto",
     console: Console | None = None,
     isolation: str = "bwrap",
+    network: str = "none",
 ) -> Any:
     from kvagent.agent.solve import solve_episode
     from kvagent.cli import environments
@@ -97,7 +98,9 @@ def run_solve(
     issue_text = read_issue(issue)
     cfg, agent_cfg = cache_config(**cache), agent_config(**agent)
     console = console or Console(stderr=True)
-    spec = environments.with_isolation(sandbox_spec(repo, image), isolation)
+    spec = environments.with_network(
+        environments.with_isolation(sandbox_spec(repo, image), isolation), network
+    )
     check_image(spec)
     out_dir = check_out_dir(out or f"runs/solve-{time.strftime('%Y%m%d-%H%M%S')}")
     console.print(f"loading model {model} ...")

@@ -116,7 +116,7 @@ def test_solve_keeps_the_paths_of_its_results_on_one_line(scripted, repo, tmp_pa
     solve.run_solve(
         issue="add subtracts", repo=str(repo), image=None, model="scripted", out=str(out), console=console,
         cache={"policy": "full", "budget": None, "buffer": 32},
-        agent=agent_args(3, 64, 8192, 0.0, "repo_first", 0), isolation="none",
+        agent=agent_args(dict(max_steps=3, max_new_tokens=64, context_limit=8192, temperature=0.0)), isolation="none",
     )  # fmt: skip
     assert f"trajectory: {out / 'episode.traj.json'}; patch: {out / 'patch.diff'}" in console.file.getvalue()
 
