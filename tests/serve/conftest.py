@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("fastapi", reason="kvagent[serve] is not installed: pip install -e '.[serve]'")
-
 MODEL = "tiny"
 
 
