@@ -95,6 +95,13 @@ wait_up() {  # URL PID NAME: until URL/v1/models answers (a server's first start
     die "$3 did not answer within 20 minutes"
 }
 
+stop_all() {  # the servers compare started: SIGTERM (both drain and exit), then wait for them
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    PIDS=()
+}
+
 compare() {
     local kv_gib="" vllm_args="" kvagent_args="--model smollm2 --max-batch 8" bench=()
     while [ $# -gt 0 ]; do
@@ -107,22 +114,26 @@ compare() {
         esac
     done
     [ -n "$kv_gib" ] || die "compare needs --kv-gib N (vLLM's KV memory)"
-    local logs="${PEER_LOGS:-/tmp/peer-logs}" pids=()
+    local logs="${PEER_LOGS:-/tmp/peer-logs}"
+    PIDS=()  # global: the EXIT trap runs after this function's locals are gone
     local vp="${PEER_VLLM_PORT:-8001}" kp="${PEER_KVAGENT_PORT:-8000}"
     mkdir -p "$logs"
-    trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null' EXIT
+    trap 'stop_all' EXIT
     # shellcheck disable=SC2086  # the ARGS strings are word lists by design
     "$0" serve --kv-gib "$kv_gib" --port "$vp" -- $vllm_args >"$logs/vllm.log" 2>&1 &
-    pids+=($!)
+    PIDS+=($!)
     # shellcheck disable=SC2086
     "$KVAGENT_PY" -m kvagent serve --port "$kp" --log-level warning $kvagent_args >"$logs/kvagent.log" 2>&1 &
-    pids+=($!)
-    wait_up "http://127.0.0.1:$vp" "${pids[0]}" "vLLM ($logs/vllm.log)"
-    wait_up "http://127.0.0.1:$kp" "${pids[1]}" "kvagent serve ($logs/kvagent.log)"
+    PIDS+=($!)
+    wait_up "http://127.0.0.1:$vp" "${PIDS[0]}" "vLLM ($logs/vllm.log)"
+    wait_up "http://127.0.0.1:$kp" "${PIDS[1]}" "kvagent serve ($logs/kvagent.log)"
     echo "peer_vllm.sh: both servers up; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     "$KVAGENT_PY" -m kvagent bench serve --url "vllm=http://127.0.0.1:$vp" --url "kvagent=http://127.0.0.1:$kp" \
         "${bench[@]}"
+    local rc=$?
     echo "peer_vllm.sh: load average after the run $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    stop_all
+    return $rc
 }
 
 case "${1:-}" in
