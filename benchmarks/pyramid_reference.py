@@ -10,7 +10,7 @@ runs in its own venv on the same token ids (benchmarks/kvpress_reference.py).
 
 Prints one table (mean next-token KL from each side's own full cache, and the entries the top and
 bottom layers kept) and writes `pyramid_reference.json` to --out. --kvpress-json reuses a finished
-reference run instead of running it again.
+reference run instead of running it again; --no-reference runs kvagent's side alone.
 """
 
 from __future__ import annotations
@@ -43,7 +43,11 @@ def mean_kl(ref: list[torch.Tensor], got: list[torch.Tensor]) -> float:
     return sum(float((p.exp() * (p - q)).sum()) for p, q in zip(ref, got, strict=True)) / len(ref)
 
 
-def kvagent_side(engine, episodes, context: int, keeps, window: int, kernel: int, beta: float) -> list[dict]:
+def kvagent_side(
+    engine, episodes, context: int, keeps, window: int, kernel: int, beta: float, save=None
+) -> list[dict]:
+    """Each episode's full run, then each policy at each kept fraction; `save(records)` after each
+    run, so a run stopped early keeps what it finished."""
     records = []
     for ep in episodes:
         ref = forced_logprobs(engine.session(CacheConfig(window=window)), ep["ids"], context)
@@ -72,6 +76,8 @@ def kvagent_side(engine, episodes, context: int, keeps, window: int, kernel: int
                     f"kvagent {ep['name'][:40]:<40} {policy:<10} K={k}: KL {records[-1]['kl']:.4f}",
                     flush=True,
                 )
+                if save is not None:
+                    save(records)
     return records
 
 
@@ -103,6 +109,7 @@ def main() -> None:
     ap.add_argument("--beta", type=float, default=20.0)
     ap.add_argument("--kvpress-python", default=str(ROOT / ".venv-kvpress/bin/python"))
     ap.add_argument("--kvpress-json", help="a finished reference run to reuse")
+    ap.add_argument("--no-reference", action="store_true", help="kvagent's side only (its KL ratios)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,14 +129,14 @@ def main() -> None:
     atomic_write_json(out / "ids.json", spec)
     ref_path = Path(args.kvpress_json) if args.kvpress_json else out / "kvpress.json"
     reference = None
-    if not args.kvpress_json:
+    if not args.kvpress_json and not args.no_reference:
         # The reference runs beside this process on the same ids (its own venv and transformers).
         cmd = [args.kvpress_python, str(ROOT / "benchmarks/kvpress_reference.py"), "--model", str(smollm2_dir()),
                "--ids", str(out / "ids.json"), "--out", str(ref_path)]  # fmt: skip
         reference = subprocess.Popen(cmd)
     try:
-        ours = kvagent_side(engine, episodes, args.context, keeps, args.window, args.kernel, args.beta)
-        atomic_write_json(out / "kvagent.json", ours)
+        ours = kvagent_side(engine, episodes, args.context, keeps, args.window, args.kernel, args.beta,
+                            save=lambda recs: atomic_write_json(out / "kvagent.json", recs))  # fmt: skip
         if reference is not None and reference.wait() != 0:
             raise SystemExit(
                 f"the kvpress reference failed (exit {reference.returncode}); see its output above"
@@ -137,6 +144,12 @@ def main() -> None:
     finally:
         if reference is not None and reference.poll() is None:
             reference.terminate()  # Ctrl-C or a failure here: do not leave it running
+    if args.no_reference:
+        for k in keeps:
+            ratio = mean_over(ours, "pyramidkv", k) / mean_over(ours, "snapkv", k)
+            print(f"kvagent @{k:.0%}: snapkv KL {mean_over(ours, 'snapkv', k):.4f} ({kept_span(ours, 'snapkv', k)}), "
+                  f"pyramidkv KL {mean_over(ours, 'pyramidkv', k):.4f} ({kept_span(ours, 'pyramidkv', k)}): {ratio:.2f}x")  # fmt: skip
+        return
     ref = json.loads(ref_path.read_text(encoding="utf-8"))
     # The two full caches must agree, or the comparison is between different models.
     drift = max(
