@@ -54,6 +54,12 @@ def breakdown(prof, wall_s: float) -> dict:
     return out
 
 
+def top_ops(prof, wall_s: float, k: int) -> list[tuple[str, float, int]]:
+    """The k ops with the most self time: (name, share of the profiled wall, calls)."""
+    rows = [(e.key, e.self_cpu_time_total / 1e6 / wall_s, e.count) for e in prof.key_averages()]
+    return sorted(rows, key=lambda r: -r[1])[:k]
+
+
 def _ids(n: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(0, max(2, vocab - 512), (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
@@ -84,6 +90,7 @@ def solo(engine, args, profile: bool) -> dict:
             decode(s, args.steps)
             pw = time.perf_counter() - t0
         out["profile_share"] = breakdown(prof, pw)
+        out["top_ops"] = top_ops(prof, pw, args.top)
     return out
 
 
@@ -179,6 +186,8 @@ def batched(engine, n: int, args, profile: bool) -> dict:
         done.wait(60)
         out["forward_share_of_wall"] = box["t"] / pw
         out["profile_share"] = breakdown(box["prof"], box["t"])
+        out["top_ops"] = top_ops(box["prof"], box["t"], args.top)
+        out["forwards"] = sched.forwards - f0 - 1
     return out
 
 
@@ -194,6 +203,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--budget", type=int, default=1024)
     ap.add_argument("--buffer", type=int, default=128)
     ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument("--top", type=int, default=12, help="ops listed by self time")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.quick:
@@ -216,12 +226,18 @@ def main(argv=None) -> dict:
               f"{row['bare_hf']['ms_per_step']:.1f} ms/step (x{row['solo_vs_bare']:.2f})", flush=True)  # fmt: skip
         for k, v in row["solo"].get("profile_share", {}).items():
             print(f"   solo  {k:18s} {v:6.1%}")
+        for name, share, calls in row["solo"].get("top_ops", []):
+            print(f"   solo    {name[:44]:44s} {share:6.1%}  {calls / args.steps:6.0f} calls/step")
         for n in (n for n in ns if n > 1):
             b = row[f"batched_{n}"]
             print(f"   N={n}: {b['tok_s']:.1f} tok/s, {b['ms_per_batch_step']:.1f} ms per batch step, mean batch "
                   f"{b['mean_batch']:.1f}, forward {b.get('forward_share_of_wall', 0):.0%} of wall")  # fmt: skip
             for k, v in b.get("profile_share", {}).items():
                 print(f"   N={n}  {k:18s} {v:6.1%} of the forwards")
+            for name, share, calls in b.get("top_ops", []):
+                print(
+                    f"   N={n}    {name[:44]:44s} {share:6.1%}  {calls / max(1, b['forwards']):6.0f} calls/forward"
+                )
         del engine
     if args.json:
         with open(args.json, "w") as f:

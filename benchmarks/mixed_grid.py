@@ -88,6 +88,37 @@ def batched(engine, cfgs, eps) -> float:
     return time.perf_counter() - t0
 
 
+def composition(sched_mod):
+    """Wraps the scheduler's packed forward to record each forward's rows and time; returns
+    (restore, summary): how much of the batched wall went to forwards holding a prefill chunk,
+    to decode-only forwards (and their mean rows), and to neither (every session busy outside a
+    forward: rounds, sampling, bookkeeping)."""
+    real, log = sched_mod.run_packed, []
+
+    def recorded(engine, chunks):
+        t0 = time.perf_counter()
+        try:
+            return real(engine, chunks)
+        finally:
+            log.append((time.perf_counter() - t0, [len(c.ids) for c in chunks]))
+
+    sched_mod.run_packed = recorded
+
+    def restore():
+        sched_mod.run_packed = real
+
+    def summary(wall: float) -> dict:
+        pre = [(t, r) for t, r in log if max(r) > 1]
+        dec = [(t, r) for t, r in log if max(r) == 1]
+        t_pre, t_dec = sum(t for t, _ in pre), sum(t for t, _ in dec)
+        return {"forwards": len(log), "prefill_forwards": len(pre), "prefill_forward_s": t_pre,
+                "decode_forward_s": t_dec, "outside_forward_s": max(0.0, wall - t_pre - t_dec),
+                "decode_rows_mean": sum(len(r) for _, r in dec) / max(1, len(dec)),
+                "decode_rows_in_prefill_forwards": sum(sum(x == 1 for x in r) for _, r in pre)}  # fmt: skip
+
+    return restore, summary
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny random model (a smoke run)")
@@ -98,6 +129,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--buffer", type=int, default=32)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--reply", type=int, default=96)
+    ap.add_argument("--batched-only", action="store_true", help="skip the one-after-another run")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.quick:
@@ -117,15 +149,27 @@ def main(argv=None) -> dict:
     batched(many, warm, eps[:2])
     sched = many.scheduler
     f0, r0 = sched.forwards, sched.rows
-    t_seq = sequential(solo, cfgs, eps)
-    t_bat = batched(many, cfgs, eps)
+    t_seq = sequential(solo, cfgs, eps) if not args.batched_only else float("nan")
+    from kvagent.runtime import scheduler as sched_mod
+
+    restore, summary = composition(sched_mod)
+    try:
+        t_bat = batched(many, cfgs, eps)
+    finally:
+        restore()
+    comp = summary(t_bat)
     decoded = args.n * args.turns * args.reply
     row = {"sequential_s": t_seq, "batched_s": t_bat, "speedup": t_seq / t_bat,
            "decoded_tokens": decoded, "sequential_tok_s": decoded / t_seq, "batched_tok_s": decoded / t_bat,
-           "mean_batch": (sched.rows - r0) / max(1, sched.forwards - f0)}  # fmt: skip
+           "mean_batch": (sched.rows - r0) / max(1, sched.forwards - f0), "batched_forwards": comp}  # fmt: skip
     print(f"one after another {t_seq:7.1f} s ({row['sequential_tok_s']:.1f} decoded tok/s)  batched "
           f"{t_bat:7.1f} s ({row['batched_tok_s']:.1f} tok/s)  x{row['speedup']:.2f}  mean batch "
           f"{row['mean_batch']:.1f}", flush=True)  # fmt: skip
+    print(f"batched wall: {comp['prefill_forward_s'] / t_bat:.0%} in {comp['prefill_forwards']} forwards holding a "
+          f"prefill chunk (with {comp['decode_rows_in_prefill_forwards']} decode rows in all), "
+          f"{comp['decode_forward_s'] / t_bat:.0%} in {comp['forwards'] - comp['prefill_forwards']} decode-only "
+          f"forwards (mean {comp['decode_rows_mean']:.1f} rows), {comp['outside_forward_s'] / t_bat:.0%} outside "
+          "any forward", flush=True)  # fmt: skip
     many.close()
     result = {"settings": vars(args), "grid": [repr(c) for c in cfgs], **row}
     if args.json:
