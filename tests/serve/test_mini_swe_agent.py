@@ -31,7 +31,7 @@ def _bwrap() -> str:
 
 def _start_server() -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "kvagent", "serve", "--model", "smollm2", "--port", "0", "--max-batch", "1",
-           "--device", "cpu", "--log-level", "warning", "--drain-timeout", "5"]  # fmt: skip
+           "--device", "cpu", "--log-level", "info", "--drain-timeout", "5"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:  # model loading prints progress first
         if "at http://127.0.0.1:" in line:
@@ -61,7 +61,15 @@ def test_mini_swe_agent_episode_continues_one_session(tmp_path, monkeypatch):
         config = yaml.safe_load((Path(minisweagent.package_dir) / "config" / "mini.yaml").read_text())
         model = LitellmModel(
             model_name="openai/smollm2",  # litellm's OpenAI-compatible provider
-            model_kwargs={"api_base": base_url, "api_key": "unused", "max_tokens": 32, "temperature": 0.0},
+            # no hidden retries: a retried call would start a second session and blur what is checked
+            model_kwargs={
+                "api_base": base_url,
+                "api_key": "unused",
+                "max_tokens": 32,
+                "temperature": 0.0,
+                "timeout": 3000,
+                "num_retries": 0,
+            },
             cost_tracking="ignore_errors",
             observation_template=config["model"]["observation_template"],
             format_error_template=config["model"]["format_error_template"],
@@ -84,8 +92,8 @@ def test_mini_swe_agent_episode_continues_one_session(tmp_path, monkeypatch):
     assert len(responses) >= 2, f"only {len(responses)} model calls in the trajectory"
     kv = [r["kvagent"] for r in responses]
     usage = [r["usage"] for r in responses]
-    assert len({k["session"] for k in kv}) == 1, kv
-    assert kv[0]["status"] == "new" and all(k["status"] == "continued" for k in kv[1:]), kv
+    assert len({k["session"] for k in kv}) == 1, (kv, out)  # out: the server's log, a line a request
+    assert kv[0]["status"] == "new" and all(k["status"] == "continued" for k in kv[1:]), (kv, out)
     for u in usage[1:]:
         assert u["kv_continued_tokens"] > 0 and u["kv_appended_tokens"] < u["prompt_tokens"], u
         assert u["prompt_tokens_details"]["cached_tokens"] == u["kv_continued_tokens"]
