@@ -157,7 +157,10 @@ def plot(rep: dict[str, Any], path: str | Path) -> Path:
                label=f"{s['label']} p95")  # fmt: skip
     a.set(xlabel="turn", ylabel="tokens/s", title="decode rate per conversation (median)")
     b.set(xlabel="turn", ylabel="seconds", title="time to first token")
+    from matplotlib.ticker import MaxNLocator
+
     for ax in (a, b):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     buf = io.BytesIO()

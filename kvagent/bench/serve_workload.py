@@ -44,9 +44,13 @@ class Limits:
     max_reply: int = 256  # replies asked for at most this many tokens
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_context", "max_reply"):
+        for name, option in (
+            ("max_turns", "turns"),
+            ("max_context", "max-context"),
+            ("max_reply", "max-reply"),
+        ):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name.replace('_', '-')}: must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{option}: must be >= 1, got {getattr(self, name)}")
 
 
 def _as_sent(m: dict[str, str]) -> dict[str, str]:

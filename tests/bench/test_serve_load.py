@@ -148,6 +148,24 @@ def test_summary_figures():
 
 
 # ------------------------------------------------------------------------------------- the command
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ([], "url: none given"),
+        (["--url", "localhost:8000"], "is not http(s)://HOST:PORT"),
+        (["--url", "http://127.0.0.1:9", "--concurrency", "0"], "concurrency: must be >= 1"),
+        (["--url", "http://127.0.0.1:9", "--turns", "0"], "turns: must be >= 1"),
+        (["--url", "http://127.0.0.1:9", "--max-reply", "0"], "max-reply: must be >= 1"),
+        (["--url", "http://127.0.0.1:9", "--timeout", "0"], "timeout: must be > 0"),
+    ],
+)
+def test_bad_options_are_one_line(args, words, tmp_path, capsys):
+    code = run_app(app, ["bench", "serve", *args, "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
 def test_unreachable_url_is_one_line(tmp_path, capsys):
     eps = tmp_path / "eps.jsonl"
     eps.write_text(json.dumps({"id": "a", "messages": _episode("a", 2).messages}) + "\n")
