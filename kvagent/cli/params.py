@@ -214,3 +214,13 @@ def agent_args(params: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
     given = {**{k: v for k, v in params.items() if k in AGENT_OPTIONS}, **fixed}
     out = {AGENT_OPTIONS[k]: v for k, v in given.items()}
     return {**out, **{k: BY_SCAFFOLD for k in LEFT_TO_SCAFFOLD if out.get(k) is None}}
+
+
+# Local sandboxes: how model-written commands run.
+Isolation = Annotated[
+    str,
+    typer.Option(
+        help="Local sandboxes: bwrap (bubblewrap; refuses to start without it) or none (the model's "
+        "commands run on this host, unisolated). Docker containers are always isolated."
+    ),
+]
