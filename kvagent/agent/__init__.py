@@ -3,7 +3,7 @@
 result = run_episode(session, env, issue_text, AgentConfig(), tokenizer=engine.tokenizer)
 result = solve_episode(engine, env, issue_text, cache_config=..., trajectory_path="run.traj.json")
 chat = ChatAgent(session, env, tokenizer, on_text=print); chat.ask("..."); chat.ask("and then ...")
-R2E-Gym's protocol (docs/deepswe.md): AgentConfig.r2egym(prompts="edit_non_fn_calling.yaml")
+R2E-Gym's whole protocol (docs/deepswe.md): AgentConfig(scaffold="r2egym", r2egym_path="~/src/R2E-Gym")
 """
 
 from kvagent.agent.chat import ChatAgent

@@ -105,7 +105,10 @@ class ChatAgent(Agent):
             return _Stopped([], "", INTERRUPTED)
         self._unshown = []
         g = self.session.generate(
-            max_new_tokens, sampling=self.config.sampling(), stop=list(self.config.stop), on_token=self._token
+            max_new_tokens,
+            sampling=self.config.sampling(),
+            stop=list(self.scaffold.stop),
+            on_token=self._token,
         )
         if self._unshown and self.on_text is not None:
             self.on_text(self.render.decode(self._unshown))

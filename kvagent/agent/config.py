@@ -2,51 +2,92 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kvagent.agent.prompts import DEFAULT_STYLE, INSTANCE_STYLES
 from kvagent.errors import ConfigError
 
 SCAFFOLDS = ("kvagent", "r2egym")
-HISTORIES = ("keep-thinking", "drop-thinking")
+# keep-thinking: every reply stays verbatim; drop-thinking: past replies' reasoning is forgotten;
+# r2egym: each reply is replaced by R2E-Gym's re-rendering of it (its call only) once answered.
+HISTORIES = ("keep-thinking", "drop-thinking", "r2egym")
+PATCH_RULES = ("full", "r2egym")  # the graded patch: the whole diff, or R2E-Gym's .py / str_replace rule
+BY_SCAFFOLD = "scaffold"  # a field left to the scaffold: what the protocol itself does
+# What each protocol does where a field is left to it. R2E-Gym's (docs/deepswe.md): no per-reply cap
+# and no stop strings (a reply runs to end of turn), its history rendering, its patch rule.
+SCAFFOLD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "kvagent": {
+        "max_new_tokens": 8192,
+        "stop": ("</function>",),
+        "history": "keep-thinking",
+        "patch_rule": "full",
+    },
+    "r2egym": {"max_new_tokens": None, "stop": (), "history": "r2egym", "patch_rule": "r2egym"},
+}
+# Sampling fields a model's generation_config.json may set (as vLLM reads it); None = not set there.
+MODEL_SAMPLING = ("top_p", "top_k")
+NEUTRAL_SAMPLING = {"top_p": 1.0, "top_k": 0}
 
 
 @dataclass(frozen=True)
 class AgentConfig:
+    """One episode's settings. Fields left at BY_SCAFFOLD take the scaffold's value (so
+    `AgentConfig(scaffold="r2egym")` is R2E-Gym's whole protocol and any field given overrides it);
+    top_p / top_k left None take the model's generation_config.json, as vLLM does, else neutral."""
+
     max_steps: int = 100  # hard limit on model calls
     soft_step_limit: int | None = 40  # past this many steps every observation says "submit now"
     urge_remaining: int = 3  # ... and also once this few steps remain
     context_limit: int = 65_536  # logical tokens; reaching it ends the episode with `context_limit`
-    max_new_tokens: int | None = 8192  # per reply; None = no cap (the reply may fill the context)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    max_new_tokens: int | None | str = (
+        BY_SCAFFOLD  # per reply; None = no cap (the reply may fill the context)
+    )
+    temperature: float = 1.0  # always sent, as R2E-Gym sends it
+    top_p: float | None = None  # None: the model's generation_config.json, else 1.0
+    top_k: int | None = None  # None: the model's generation_config.json, else 0 (off)
     seed: int | None = 0
     command_timeout: float = 90.0  # seconds per tool call
     prompt_style: str = DEFAULT_STYLE
     repo_dir: str | None = None  # path the prompts name; None = the environment's `workdir`, else /testbed
-    stop: tuple[str, ...] = ("</function>",)
+    stop: tuple[str, ...] | str = BY_SCAFFOLD  # stop strings of every reply (the scaffold's one rule)
     scaffold: str = "kvagent"  # protocol profile: kvagent | r2egym (R2E-Gym's evaluation, docs/deepswe.md)
-    history: str = "keep-thinking"  # keep-thinking | drop-thinking (past replies' <think> leave the cache)
+    history: str = BY_SCAFFOLD  # keep-thinking | drop-thinking | r2egym (how past replies stay in the cache)
+    patch_rule: str = BY_SCAFFOLD  # full | r2egym: which patch is graded (both are recorded)
     prompts: str | None = None  # YAML prompt file (system_prompt, instance_prompt, ...); None = kvagent's
-    # The file's texts, read once: the config travels (Ray workers) without the file.
+    r2egym_path: str | None = None  # a checkout of R2E-Gym: its prompt file and hard-coded strings
+    # The texts of `r2egym_path` then `prompts`, read once: the config travels (Ray workers) without them.
     prompt_texts: tuple[tuple[str, str], ...] | None = None
+    # What the model's generation_config.json said (set by `with_model_defaults`), for the record.
+    model_sampling: tuple[tuple[str, Any], ...] = ()
+    sampling_from_model: tuple[str, ...] = ()  # the fields taken from it
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "context_limit", "max_new_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{name}: must be >= 1, got {value}")
         if self.scaffold not in SCAFFOLDS:
             raise ConfigError(f"scaffold: got {self.scaffold!r}; choose one of {', '.join(SCAFFOLDS)}")
+        for name, value in SCAFFOLD_DEFAULTS[self.scaffold].items():
+            if getattr(self, name) == BY_SCAFFOLD:
+                object.__setattr__(self, name, value)
+        for name in ("max_steps", "context_limit", "max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name}: must be >= 1, got {value}")
         if self.history not in HISTORIES:
             raise ConfigError(f"history: got {self.history!r}; choose one of {', '.join(HISTORIES)}")
-        if self.prompts is not None and self.prompt_texts is None:
-            from kvagent.agent.prompt_file import load_prompt_file
-
-            texts = load_prompt_file(self.prompts).texts()  # a bad file fails here, before any model
-            object.__setattr__(self, "prompt_texts", texts)
+        if self.history == "r2egym" and self.scaffold != "r2egym":
+            raise ConfigError(
+                "history: r2egym re-renders replies as R2E-Gym reads them; use it with --scaffold r2egym"
+            )
+        if self.patch_rule not in PATCH_RULES:
+            raise ConfigError(f"patch_rule: got {self.patch_rule!r}; choose one of {', '.join(PATCH_RULES)}")
+        if self.r2egym_path is not None and self.scaffold != "r2egym":
+            raise ConfigError(
+                "r2egym: a checkout's strings are R2E-Gym's protocol; add --scaffold r2egym "
+                "(or pass only --prompts FILE)"
+            )
+        if self.prompt_texts is None and (self.prompts is not None or self.r2egym_path is not None):
+            object.__setattr__(self, "prompt_texts", self._read_texts())  # bad files fail here
         if self.soft_step_limit is not None and self.soft_step_limit < 0:
             raise ConfigError(f"soft_step_limit: must be >= 0 or None (off), got {self.soft_step_limit}")
         if self.command_timeout <= 0:
@@ -58,15 +99,29 @@ class AgentConfig:
         object.__setattr__(self, "stop", tuple(self.stop))
         self.sampling()  # temperature, top_p, top_k: a bad one fails here, not at the first reply
 
-    @classmethod
-    def r2egym(cls, **overrides: Any) -> AgentConfig:
-        """R2E-Gym's evaluation setting for DeepSWE: countdown from 40, hard limit 100, no per-reply cap,
-        65,536 tokens in all, temperature 1 (docs/deepswe.md)."""
-        base: dict[str, Any] = dict(
-            scaffold="r2egym", max_steps=100, soft_step_limit=40, max_new_tokens=None,
-            context_limit=65_536, temperature=1.0, history="drop-thinking",
-        )  # fmt: skip
-        return cls(**{**base, **overrides})
+    def _read_texts(self) -> tuple[tuple[str, str], ...]:
+        """The checkout's texts (--r2egym), overridden key by key by the prompt file's (--prompts)."""
+        texts: dict[str, str] = {}
+        if self.r2egym_path is not None:
+            from kvagent.agent.r2egym_source import load_checkout
+
+            texts.update(load_checkout(self.r2egym_path).texts())
+        if self.prompts is not None:
+            from kvagent.agent.prompt_file import load_prompt_file
+
+            texts.update(load_prompt_file(self.prompts).texts())
+        return tuple(texts.items())
+
+    def with_model_defaults(self, generation: Mapping[str, Any]) -> AgentConfig:
+        """This config with top_p / top_k left unset taken from `generation` (a model's
+        generation_config.json, as `generation_defaults` reads it), which is also recorded."""
+        chosen = {k: generation[k] for k in MODEL_SAMPLING if getattr(self, k) is None and k in generation}
+        return replace(
+            self,
+            **chosen,
+            model_sampling=tuple(sorted(generation.items())),
+            sampling_from_model=tuple(chosen),
+        )
 
     def prompt_file(self) -> Any:
         """The `PromptFile` of `prompts` (as read when the config was made), or None."""
@@ -79,14 +134,49 @@ class AgentConfig:
     def sampling(self) -> Any:
         from kvagent.runtime.config import Sampling
 
-        return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed)
+        top = {
+            k: NEUTRAL_SAMPLING[k] if getattr(self, k) is None else getattr(self, k) for k in MODEL_SAMPLING
+        }
+        return Sampling(temperature=self.temperature, seed=self.seed, **top)
+
+    def sampling_record(self) -> dict[str, Any]:
+        """The sampling an episode used and where each value came from (for the run record)."""
+        s = self.sampling()
+        source = {"temperature": "flag"}
+        for k in MODEL_SAMPLING:
+            given = getattr(self, k) is not None and k not in self.sampling_from_model
+            source[k] = (
+                "generation_config.json" if k in self.sampling_from_model else "flag" if given else "neutral"
+            )
+        return {
+            "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": self.seed,
+            "source": source, "generation_config": dict(self.model_sampling),
+        }  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stop"] = list(self.stop)
+        d["model_sampling"] = dict(self.model_sampling)
+        d["sampling_from_model"] = list(self.sampling_from_model)
         texts = d.pop("prompt_texts")  # the messages hold the texts; the record keeps their digest
         if texts is not None:
             import hashlib
 
             d["prompts_sha256"] = hashlib.sha256(repr(texts).encode()).hexdigest()
         return d
+
+
+def generation_defaults(session: Any) -> dict[str, Any]:
+    """The sampling settings of the model's generation_config.json, as vLLM reads them (through
+    `to_diff_dict`: the values the file sets), and nothing when the model has no such file
+    (transformers then derives one from the model's config: `_from_model_config`)."""
+    model = getattr(getattr(session, "engine", None), "model", None)
+    generation = getattr(model, "generation_config", None)
+    if generation is None or getattr(generation, "_from_model_config", False):
+        return {}
+    try:
+        diff = generation.to_diff_dict()
+    except Exception:  # an odd config object: treat as absent
+        return {}
+    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+    return {k: diff[k] for k in keys if diff.get(k) is not None}

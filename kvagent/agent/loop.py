@@ -7,10 +7,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from kvagent.agent.config import AgentConfig
+from kvagent.agent import r2egym
+from kvagent.agent.config import AgentConfig, generation_defaults
+from kvagent.agent.episode import (
+    EXIT_STATUSES,
+    INTERRUPTED,
+    AgentEvent,
+    EpisodeInterrupted,
+    EpisodeResult,
+    Turn,
+    cache_summary,
+)
 from kvagent.agent.interfaces import Environment, ModelSession
 from kvagent.agent.parser import ToolCall
 from kvagent.agent.render import ChatMLRenderer
@@ -18,87 +28,11 @@ from kvagent.agent.scaffold import make_scaffold
 from kvagent.agent.thinking import forget_thinking
 from kvagent.errors import KvagentError
 
-EXIT_STATUSES = ("submitted", "step_limit", "context_limit", "error")
-# A reply whose generation the user stopped (chat's Ctrl-C); its tokens stay in the stream.
-INTERRUPTED = "interrupted"
-
-
-@dataclass
-class Turn:
-    """One model call and what followed it."""
-
-    step: int
-    reply: str = ""
-    reply_tokens: int = 0
-    finish_reason: str = ""
-    call: dict[str, Any] | None = None  # {"name", "params"} of a valid call
-    call_error: str | None = None  # why the reply's call was rejected
-    observation: str | None = None
-    observation_tokens: int = 0
-    thinking_forgotten: int = 0  # history=drop-thinking: this reply's tokens forgotten from the cache
-    fed: bool = False  # observation appended to the session (not after the episode's last step)
-    logical_length: int = 0  # after this turn's tokens were fed
-    cache_entries: int | None = None  # max entries held by a layer after this turn
-    cache: dict[str, Any] | None = None  # the session's full CacheStats
-    generate_s: float = 0.0
-    tool_s: float = 0.0
-    append_s: float = 0.0
-
-
-@dataclass
-class EpisodeResult:
-    exit_status: str  # one of EXIT_STATUSES
-    patch: str
-    messages: list[dict[str, str]]  # exactly the rendered token stream, in order
-    turns: list[Turn]
-    config: AgentConfig
-    error: str | None = None
-    prompt_tokens: int = 0
-    logical_length: int = 0
-    elapsed_s: float = 0.0
-
-    @property
-    def steps(self) -> int:
-        return len(self.turns)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["config"] = self.config.to_dict()
-        d["steps"] = self.steps
-        return d
-
-
-class EpisodeInterrupted(KeyboardInterrupt):
-    """Ctrl-C during `Agent.run`: still a KeyboardInterrupt (a batch stops), carrying the partial
-    result (exit status `interrupted`) so the caller can keep its trajectory."""
-
-    def __init__(self, result: EpisodeResult) -> None:
-        super().__init__("episode interrupted")
-        self.result = result
-
-
-@dataclass
-class AgentEvent:
-    """Live progress for displays: `kind` is start | reply | observation | end."""
-
-    kind: str
-    step: int
-    max_steps: int
-    logical_length: int
-    cache_entries: int | None
-    stats: Any
-    turn: Turn | None = None
-    exit_status: str | None = None
-
-
-def cache_summary(stats: Any) -> tuple[int | None, dict[str, Any] | None]:
-    """(largest per-layer entry count, full stats dict) from a CacheStats-like object."""
-    if stats is None:
-        return None, None
-    entries = getattr(stats, "entries", None)
-    fill = max(entries) if entries else None
-    full = stats.to_dict() if hasattr(stats, "to_dict") else None
-    return fill, full
+# The episode's records are importable from here too (callers of the loop use them).
+__all__ = [
+    "EXIT_STATUSES", "INTERRUPTED", "Agent", "AgentEvent", "EpisodeInterrupted", "EpisodeResult", "Turn",
+    "cache_summary", "run_episode", "session_tokenizer",
+]  # fmt: skip
 
 
 @dataclass
@@ -114,6 +48,8 @@ class Agent:
 
     def __post_init__(self) -> None:
         self.render = ChatMLRenderer(self.tokenizer)
+        # top_p / top_k the config leaves unset: the model's generation_config.json, as vLLM does
+        self.config = self.config.with_model_defaults(generation_defaults(self.session))
         self.scaffold = make_scaffold(self.config)
         self._reply_start = 0  # stream position of the last reply's first token
         self.forgotten = 0  # tokens forgotten from the stream (history=drop-thinking)
@@ -138,13 +74,15 @@ class Agent:
             self._keep_partial_reply()
         except Exception as e:  # the episode records what went wrong instead of losing its trajectory
             status, error = "error", f"{type(e).__name__}: {e}"
-        patch, patch_error = self._patch()
+        patches, patch_error = self._patches()
         if patch_error and status != "error":
             status, error = "error", patch_error
         self._emit("end", exit_status=status)
         result = EpisodeResult(
             exit_status=status,
-            patch=patch,
+            patch=patches.get(cfg.patch_rule, ""),
+            patches=patches,
+            graded_patch=cfg.patch_rule,
             messages=self.messages,
             turns=self.turns,
             config=cfg,
@@ -166,8 +104,7 @@ class Agent:
         count steps afresh from here. None, or "context_limit" if it does not fit."""
         self.first_step = len(self.turns)
         text = self.scaffold.attach(text, self._notice())
-        self._drop_thinking()
-        status = self._feed(self.render.observation_ids(text, self._last_reply_ids))
+        status, _ = self._next_user_turn(text, self.turns[-1] if self.turns else None)
         if status is None:
             self.messages.append({"role": "user", "content": text})
         return status
@@ -180,12 +117,12 @@ class Agent:
             if turn.finish_reason == INTERRUPTED:
                 return INTERRUPTED
             after_step = self.scaffold.token_rule_after_step
-            if turn.finish_reason == "length" and self._room() <= 0 and not after_step:
+            if turn.finish_reason == "length" and self._context_left() <= 0 and not after_step:
                 return "context_limit"
             self._act(turn)
             if self.scaffold.ends(turn.call):
                 return "submitted"
-            if after_step and self._room() <= 0:  # R2E-Gym: prompt + reply reached the limit
+            if after_step and self._context_left() <= 0:  # R2E-Gym: prompt + reply reached the limit
                 return "context_limit"
             if len(self.turns) - self.first_step >= self.config.max_steps:
                 return "step_limit"
@@ -214,7 +151,8 @@ class Agent:
         t = time.perf_counter()
         cap = self.config.max_new_tokens
         self._reply_start = self.session.logical_length
-        g = self._generate(self._room() if cap is None else min(cap, self._room()))
+        left = self._context_left()
+        g = self._generate(left if cap is None else min(cap, left))
         turn.generate_s = time.perf_counter() - t
         self._last_reply_ids = [int(i) for i in g.ids]
         turn.reply = self.render.decode(self._last_reply_ids)  # the stream's text, not a re-tokenisable copy
@@ -271,17 +209,46 @@ class Agent:
 
     def _observe(self, turn: Turn) -> str | None:
         text = self.scaffold.attach(turn.observation or "", self._notice())
-        ids = self.render.observation_ids(text, self._last_reply_ids)
         t = time.perf_counter()
-        turn.thinking_forgotten = self._drop_thinking()
-        status = self._feed(ids)
+        status, fed = self._next_user_turn(text, turn)
         turn.append_s = time.perf_counter() - t
         if status is None:
-            turn.observation, turn.observation_tokens, turn.fed = text, len(ids), True
+            turn.observation, turn.observation_tokens, turn.fed = text, fed, True
             self.messages.append({"role": "user", "content": text})
             self._record_cache(turn)
             self._emit("observation", turn)
         return status
+
+    def _next_user_turn(self, text: str, turn: Turn | None) -> tuple[str | None, int]:
+        """Feed the user turn `text` after the last reply, the history rule applied to that reply
+        first (once): drop-thinking forgets its reasoning; r2egym puts R2E-Gym's rendering of it in
+        its place. (status, tokens appended)."""
+        if self.config.history == "r2egym" and self._reply_start >= 0 and turn is not None:
+            return self._rerender_reply(text, turn)
+        forgotten = self._drop_thinking()
+        if turn is not None and forgotten:
+            turn.thinking_forgotten = forgotten
+        ids = self.render.observation_ids(text, self._last_reply_ids)
+        return self._feed(ids), len(ids)
+
+    def _rerender_reply(self, text: str, turn: Turn) -> tuple[str | None, int]:
+        """history=r2egym: take the reply back (Session.rewind, so positions stay contiguous) and
+        append what R2E-Gym's next call sends in its place: with the full cache the stream is the one
+        R2E-Gym would send. The turn keeps the reply verbatim; `messages` follows the stream."""
+        content = r2egym.history_content(turn.reply)
+        # The first reply's opening belongs to the prompt (the first append), never taken back.
+        extra, ids = self.render.assistant_turn_ids(content, self._reply_start > self.prompt_tokens)
+        ids += self.render.user_turn_ids(text)
+        back = self.session.logical_length - self._reply_start + extra
+        if self._used() - back + len(ids) >= self.config.context_limit:
+            return "context_limit", 0
+        if not hasattr(self.session, "rewind"):
+            raise KvagentError("history=r2egym needs a session with rewind(); use keep-thinking")
+        self.session.rewind(back)
+        self.session.append(ids)
+        self._reply_start, turn.rewound = -1, back  # this reply is done with
+        self.messages[-1] = {"role": "assistant", "content": content}
+        return None, len(ids)
 
     def _feed(self, ids: list[int]) -> str | None:
         """Append `ids` unless that leaves no room to generate within the context limit."""
@@ -294,7 +261,8 @@ class Agent:
         """Tokens the model reads: the stream less what drop-thinking forgot (their positions stay)."""
         return self.session.logical_length - self.forgotten
 
-    def _room(self) -> int:
+    def _context_left(self) -> int:
+        """Tokens the model may still read before the context limit (not the runtime's round room)."""
         return self.config.context_limit - self._used()
 
     def _notice(self) -> str:
@@ -315,11 +283,15 @@ class Agent:
         turn.logical_length = self.session.logical_length
         turn.cache_entries, turn.cache = cache_summary(self.session.stats)
 
-    def _patch(self) -> tuple[str, str | None]:
+    def _patches(self) -> tuple[dict[str, str], str | None]:
+        """The whole diff and R2E-Gym's graded part of it (its .py / str_replace rule)."""
         try:
-            return self.env.diff(), None
+            full = self.env.diff()
         except Exception as e:
-            return "", f"diff failed: {type(e).__name__}: {e}"
+            return {}, f"diff failed: {type(e).__name__}: {e}"
+        workdir = self.config.repo_dir or getattr(self.env, "workdir", None) or "/testbed"
+        edited = r2egym.edited_paths([t.call for t in self.turns], workdir)
+        return {"full": full, "r2egym": r2egym.graded_patch(full, edited)}, None
 
     def _emit(self, kind: str, turn: Turn | None = None, exit_status: str | None = None) -> None:
         if self.on_event is None:

@@ -23,12 +23,13 @@ class PromptFile:
     path: str
     system_prompt: str | None = None  # used verbatim (R2E-Gym does not format it)
     instance_prompt: str | None = None  # str.format(problem_statement=..., working_dir=...)
-    steps_remaining: str = STEPS_REMAINING  # the countdown line; {remaining} is the count
-    final_steps_notice: str = FINAL_STEPS_NOTICE  # shown when the step count is used up
-    no_call_message: str | None = None  # observation for a reply without a call; None = the profile's
+    # None: kvagent's wording (the profile's).
+    steps_remaining: str | None = None  # the countdown line; {remaining} is the count
+    final_steps_notice: str | None = None  # shown when the step count is used up
+    no_call_message: str | None = None  # observation for a reply without a call
 
     def texts(self) -> tuple[tuple[str, str], ...]:
-        """Every text of the file as (key, value) pairs (`PromptFile(path=..., **dict(texts))`)."""
+        """Every text the file sets, as (key, value) pairs (`PromptFile(path=..., **dict(texts))`)."""
         return tuple((k, getattr(self, k)) for k in PROMPT_KEYS if getattr(self, k) is not None)
 
     def instance(self, problem_statement: str, working_dir: str) -> str:

@@ -23,6 +23,10 @@ _NAME = re.compile(r"<function\s*=\s*([^>]+)>")
 _PARAM = re.compile(r"(?s)<parameter\s*=\s*([^>]+)>(.*?)</parameter>")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|\r")
 _ISSUE = re.compile(r"(?s)\[ISSUE\](.*)\[/ISSUE\]")
+_THOUGHT = re.compile(r"(?s)<think>.*?</think>")  # the first <think> block, as R2E-Gym keeps it
+_SECTION = re.compile(r"^diff --git ", re.MULTILINE)
+_FILE_LINE = re.compile(r"^(?:\+\+\+ b/|--- a/)(.*)$", re.MULTILINE)
+THINK_END = "</think>"
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,12 @@ class Action:
     @property
     def known(self) -> bool:
         return self.name in TOOLS
+
+    def to_xml(self) -> str:
+        """The call re-serialised as R2E-Gym writes it back into the history (its `to_xml_string`):
+        parameters in order, two-space indent; a reply without a call gives an empty block."""
+        params = "".join(f"  <parameter={k}>{v}</parameter>\n" for k, v in self.params.items())
+        return f"<function={self.name}>\n{params}</function>"
 
 
 def parse_action(reply: str) -> Action:
@@ -107,3 +117,58 @@ def unknown_tool_observation(name: str) -> str:
     """R2E-Gym refuses a name outside its tools with an exception whose text it then drops: the model
     sees an empty output (and exit code -1 where the name is shown with one)."""
     return observation(name, "", "-1")
+
+
+def history_content(reply: str) -> str:
+    """What the model reads of an earlier reply in R2E-Gym: R2E-Gym stores the reply's first
+    `<think>` block (stripped) + a blank line + the call re-serialised, and the chat template
+    (Qwen3's, DeepSWE's) shows an earlier assistant turn from after its last `</think>`, leading
+    newlines dropped: the call block alone when the reply had a `<think>` block, else the blank
+    line and the call block."""
+    m = _THOUGHT.search(reply)
+    content = f"{m.group(0).strip() if m else ''}\n\n{parse_action(reply).to_xml()}"
+    if THINK_END in content:
+        content = content.split(THINK_END)[-1].lstrip("\n")
+    return content
+
+
+# ------------------------------------------------------------------------------ the graded patch
+def edited_paths(calls: list[dict[str, Any] | None], workdir: str = "/testbed") -> list[str]:
+    """R2E-Gym's edited files: the `path` of every file_editor str_replace call (run or not, as it
+    reads them off the trajectory), the working directory's prefix removed, a name with a dot only."""
+    prefix = workdir.rstrip("/") + "/"
+    out = []
+    for c in calls:
+        if not c or c.get("name") != "file_editor" or c["params"].get("command") != "str_replace":
+            continue
+        path = c["params"].get("path") or ""
+        if path and "." in path.split("/")[-1]:
+            out.append(path.replace(prefix, ""))
+    return out
+
+
+def graded_patch(patch: str, edited: list[str]) -> str:
+    """R2E-Gym's submitted patch (its `true_output_patch`): the diff's sections for `.py` files
+    only, and of those only the `edited` ones when any str_replace was made (all `.py` files when
+    none was). The sections are kept as the diff wrote them."""
+    return "".join(
+        text
+        for path, text in _file_sections(patch)
+        if path.endswith(".py") and (not edited or path in edited)
+    )
+
+
+def _file_sections(patch: str) -> list[tuple[str, str]]:
+    """(path, section text) per file of a `git diff` (the new path; the old one for a deletion)."""
+    starts = [m.start() for m in _SECTION.finditer(patch)]
+    sections = []
+    for i, start in enumerate(starts):
+        text = patch[start : starts[i + 1] if i + 1 < len(starts) else len(patch)]
+        names = [n for n in _FILE_LINE.findall(text.split("\n@@", 1)[0]) if n != "/dev/null"]
+        if names:
+            path = names[-1]  # +++ b/ comes after --- a/
+        else:  # no ---/+++ lines (mode change, empty file): `diff --git a/P b/P`
+            head = text.split("\n", 1)[0]
+            path = head[head.rfind(" b/") + 3 :] if " b/" in head else ""
+        sections.append((path.strip('"'), text))
+    return sections

@@ -51,7 +51,27 @@ class ChatMLRenderer:
         """Close the reply (unless it already ended on `<|im_end|>`), add the user turn, reopen assistant."""
         ended = bool(reply_ids) and reply_ids[-1] == self.im_end
         close = self._newline if ended else [self.im_end, *self._newline]
-        return [*close, *self._turn_open("user", observation), *self.assistant_open()]
+        return [*close, *self.user_turn_ids(observation)]
+
+    def user_turn_ids(self, text: str) -> list[int]:
+        """A user turn, then the next assistant turn opened."""
+        return [*self._turn_open("user", text), *self.assistant_open()]
+
+    def assistant_turn_ids(self, content: str, retokenise_opening: bool = True) -> tuple[int, list[int]]:
+        """(k, ids) for an assistant turn of `content`, closed, as a chat template renders it,
+        when the stream already holds the turn's opening `<|im_start|>assistant\n`: take back the
+        opening's last k tokens, then append ids. The template's text between `<|im_start|>` and
+        `<|im_end|>` is tokenised as one piece, so k is the opening's length when `content` begins
+        with characters that merge with its newline (a blank line); 0 otherwise, and always 0 when
+        the opening may not be taken back (`retokenise_opening` false: then `content` alone)."""
+        opening = self.encode("assistant\n")
+        whole = self.encode(f"assistant\n{content}")
+        closing = [self.im_end, *self._newline]
+        if whole[: len(opening)] == opening:
+            return 0, [*whole[len(opening) :], *closing]
+        if not retokenise_opening:
+            return 0, [*self.encode(content), *closing]
+        return len(opening), [*whole, *closing]
 
     @staticmethod
     def transcript(messages: Sequence[dict[str, str]]) -> str:

@@ -32,7 +32,7 @@ class Reading:
 
 class Scaffold:
     """kvagent's protocol: calls validated against the tool specs, `Steps Remaining` against the hard
-    limit, a reply ends at `</function>`."""
+    limit, a reply ends at `</function>` (config.stop's default)."""
 
     name = "kvagent"
     tool_dir = ""  # sandbox tool scripts: "" = kvagent's, "r2egym" = tools/r2egym/
@@ -57,8 +57,8 @@ class Scaffold:
         c, p = self.config, self.prompts
         return steps_notice(
             steps_used, c.max_steps, c.soft_step_limit, c.urge_remaining,
-            template=p.steps_remaining if p else STEPS_REMAINING,
-            final=p.final_steps_notice if p else FINAL_STEPS_NOTICE,
+            template=p and p.steps_remaining or STEPS_REMAINING,
+            final=p and p.final_steps_notice or FINAL_STEPS_NOTICE,
         )  # fmt: skip
 
     def attach(self, message: str, notice: str) -> str:
@@ -66,6 +66,9 @@ class Scaffold:
 
     @property
     def stop(self) -> tuple[str, ...]:
+        """The stop strings of every reply, for every command (solve, eval, chat): the config's,
+        whose default is the scaffold's (`</function>` here; none under R2E-Gym's, where a reply
+        runs to end of turn)."""
         return tuple(self.config.stop)
 
     # ------------------------------------------------------------------ calls and observations
@@ -103,16 +106,12 @@ class R2EGymScaffold(Scaffold):
         soft = c.soft_step_limit if c.soft_step_limit is not None else c.max_steps
         return r2egym.steps_line(
             steps_used, soft,
-            p.steps_remaining if p else STEPS_REMAINING,
-            p.final_steps_notice if p else FINAL_STEPS_NOTICE,
+            p and p.steps_remaining or STEPS_REMAINING,
+            p and p.final_steps_notice or FINAL_STEPS_NOTICE,
         )  # fmt: skip
 
     def attach(self, message: str, notice: str) -> str:
         return r2egym.with_steps_line(message, notice)
-
-    @property
-    def stop(self) -> tuple[str, ...]:
-        return ()  # R2E-Gym passes no stop strings: a reply runs to end-of-turn (or the context)
 
     def read(self, reply: str) -> Reading:
         action = r2egym.parse_action(reply)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kvagent.agent.config import AgentConfig
 from kvagent.agent.interfaces import Engine, Environment
-from kvagent.agent.loop import AgentEvent, EpisodeInterrupted, EpisodeResult, run_episode
+from kvagent.agent.loop import Agent, AgentEvent, EpisodeInterrupted, EpisodeResult, run_episode
 from kvagent.agent.trajectory import write_trajectory
 
 
@@ -54,14 +55,32 @@ def _as_dict(obj: Any) -> Any:
     return obj.to_dict() if hasattr(obj, "to_dict") else obj
 
 
-def first_prompt_length(tokenizer: Any, issue_text: str, prompt_style: str | AgentConfig) -> int:
-    """Tokens of an episode's first prompt (system + instance prompt, before any step notice): what
-    protect=prompt keeps, for checking a budget before a sandbox is opened. Pass the AgentConfig to
-    count its profile's prompts (a --prompts file); a style name counts kvagent's own."""
-    from kvagent.agent.render import ChatMLRenderer
-    from kvagent.agent.scaffold import make_scaffold
+class _PromptProbe:
+    """A session that only keeps what the agent feeds it first: the episode's rendered prompt."""
 
-    config = prompt_style if isinstance(prompt_style, AgentConfig) else AgentConfig(prompt_style=prompt_style)
-    scaffold = make_scaffold(config)
-    instance = scaffold.instance(issue_text, config.repo_dir or "/testbed")
-    return len(ChatMLRenderer(tokenizer).prompt_ids(scaffold.system(), instance))
+    logical_length = 0
+    stats = None
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+
+    def append(self, ids: Sequence[int]) -> None:
+        self.ids = list(ids)
+
+
+@dataclass
+class _Workdir:
+    workdir: str
+
+
+def first_prompt_tokens(
+    tokenizer: Any, issue_text: str, config: AgentConfig, workdir: str = "/testbed"
+) -> int:
+    """Tokens of an episode's first prompt, rendered by the agent itself as it starts an episode in an
+    environment whose repository is at `workdir` (system prompt, instance prompt naming that path, step
+    notice): what protect=prompt keeps and the context limit must exceed. The one count solve, chat and
+    eval check a budget with before a sandbox opens."""
+    probe = _PromptProbe()
+    # No context limit here: the caller compares the length with it and says by how much it misses.
+    Agent(probe, _Workdir(workdir), tokenizer, replace(config, context_limit=1 << 62)).start(issue_text)
+    return len(probe.ids)

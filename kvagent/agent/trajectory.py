@@ -27,7 +27,9 @@ def trajectory_dict(result: EpisodeResult, meta: Mapping[str, Any] | None = None
         **{k: body[k] for k in ("exit_status", "error", "steps", "prompt_tokens", "logical_length")},
         "elapsed_s": body["elapsed_s"],
         "config": body["config"],
-        "patch": body["patch"],
+        "patch": body["patch"],  # the graded one
+        "graded_patch": body["graded_patch"],  # which of `patches` it is
+        "patches": body["patches"],
         "messages": body["messages"],
         "turns": body["turns"],
     }

@@ -3,54 +3,59 @@ protect), compared token by token with the full-cache run; resumable results in 
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kvagent.bench import replay as rp
 from kvagent.bench.progress import NoProgress
 from kvagent.bench.stream import Stream
-from kvagent.bench.tables import fidelity_markdown, head_budget
+from kvagent.bench.tables import fidelity_markdown
 from kvagent.errors import ConfigError
 from kvagent.fileio import atomic_write_json, atomic_write_text
-from kvagent.runspec import RunSpec, sweep
+from kvagent.runspec import DEFAULTS, RunSpec, sweep
 from kvagent.runtime.budget import prompt_fit_problem
 
 RESULTS = "fidelity.json"
-# The record fields that identify a run: same episode, model and spec means the result is reused.
-KEY = ("episode", "digest", "model", "policy", "mode", "scope", "protect", "budget", "buffer", "window",
-       "seed", "policy_args", "head_budget")  # fmt: skip
 
 
 def make_grid(policies, modes, scopes, budgets, protects, buffer: int = 128, window: int = 16, seed: int = 0,
-              policy_args=None, head_budgets=("uniform",)) -> list[RunSpec]:  # fmt: skip
+              policy_args=None, axes: Mapping[str, Sequence] | None = None) -> list[RunSpec]:  # fmt: skip
     """Specs to run; `full` once (it never evicts, so mode, scope, protect and budget do not apply).
-    `head_budgets` adaptive runs only the policies that can split a layer's budget over heads
-    (`without_adaptive` names the others)."""
+    `axes`: other cache settings to sweep, each a list of values (`bench fidelity --head-budget
+    uniform,adaptive`); a value other than the setting's default runs only for the policies that
+    accept it (the others' runs would fail), and one that no policy accepts fails with the reason."""
     if buffer < 1:
         raise ConfigError(f"buffer: must be >= 1, got {buffer}")
+    axes = dict(axes or {})
     specs: list[RunSpec] = []
-    for hb in head_budgets:
-        names = list(policies) if hb == "uniform" else adaptive_capable(policies, policy_args)
-        specs += sweep(names, modes, budgets, [seed], scopes=scopes, protects=protects,
-                       policy_args=policy_args, buffer=buffer, window=window, head_budget=hb)  # fmt: skip
+    for combo in itertools.product(*axes.values()):
+        setting = dict(zip(axes, combo, strict=True))
+        plain = all(DEFAULTS[k] == v for k, v in setting.items())
+        accepted, refused = [], []
+        for p in policies:
+            try:
+                sweep([p], modes, budgets, [seed], scopes=scopes, protects=protects, policy_args=policy_args,
+                      buffer=buffer, window=window, **setting)  # fmt: skip
+                accepted.append(p)
+            except ConfigError as e:
+                if plain:
+                    raise
+                refused.append(str(e))
+        if not plain and all(p == "full" for p in accepted):
+            name, value = next((k, v) for k, v in setting.items() if DEFAULTS[k] != v)
+            raise ConfigError(
+                refused[0] if refused else f"{name}: {value} applies to evicting policies only; none is given"
+            )
+        specs += sweep(accepted, modes, budgets, [seed], scopes=scopes, protects=protects,
+                       policy_args=policy_args, buffer=buffer, window=window, **setting)  # fmt: skip
     return [RunSpec("full", buffer=buffer, window=window, seed=seed)] + list(
         dict.fromkeys(s for s in specs if s.policy != "full")
     )
-
-
-def adaptive_capable(policies, policy_args=None) -> list[str]:
-    """The policies (of `policies`, with their options) that take head_budget=adaptive."""
-    from kvagent.runtime.heads import check_adaptive
-    from kvagent.runtime.policies import make_policy
-
-    args = policy_args or {}
-    return [
-        p for p in policies if p != "full" and check_adaptive(make_policy(p, **args.get(p, {})), p) is None
-    ]
 
 
 def check_setting(engine, spec: RunSpec, stream: Stream) -> str | None:
@@ -67,8 +72,9 @@ def check_setting(engine, spec: RunSpec, stream: Stream) -> str | None:
 
 # ----------------------------------------------------------------------- records
 def record_key(rec: dict) -> tuple:
-    rec = {**rec, "head_budget": head_budget(rec)}
-    return tuple(json.dumps(rec.get(k), sort_keys=True) for k in KEY)
+    """What makes two records results of the same run: episode, model and spec (a field an older
+    record lacks has its default)."""
+    return rec.get("episode"), rec.get("digest"), rec.get("model"), RunSpec.from_record(rec)
 
 
 def load_records(out_dir: Path) -> list[dict]:
@@ -83,6 +89,8 @@ def load_records(out_dir: Path) -> list[dict]:
 
 
 def summarise(spec: RunSpec, stream: Stream, model: str, res: rp.ReplayResult, ref_lp: float) -> dict:
+    from kvagent.runtime.policies import make_policy
+
     n = len(res.kl)
     mean = (lambda xs: sum(xs) / len(xs)) if n else (lambda xs: float("nan"))
     st = res.stats
@@ -92,6 +100,9 @@ def summarise(spec: RunSpec, stream: Stream, model: str, res: rp.ReplayResult, r
         "episode": stream.name,
         "digest": stream.digest(),
         "model": model,
+        # How the policy split K over depth (records without it predate the field; pyramidkv's
+        # then was kvagent's own floor-16 split with the window inside each layer's share).
+        "schedule": make_policy(spec.policy, **spec.policy_args).schedule,
         "n_scored": n,
         "tokens": len(stream.ids),
         "turns": stream.n_turns,
@@ -150,13 +161,13 @@ def run_fidelity(
     progress=None,
     plot: bool = True,
     annotate: Callable[[Stream, rp.ReplayResult], dict] | None = None,
-    workers: int = 1,
+    concurrency: int = 1,
     refs: dict[str, rp.ReplayResult] | None = None,
 ) -> list[dict]:
     """Run every (stream, spec) not already in `out_dir/fidelity.json`; rewrite the json after
     each run (atomically, so a crash keeps finished runs), then the table and the plot. `progress`:
     a `kvagent.bench.progress` target (default: nothing shown). `annotate(stream, result)`: extra
-    fields for each record. `workers > 1`: that many policy runs at once, one thread each (on an
+    fields for each record. `concurrency > 1`: that many policy runs at once, one thread each (on an
     engine loaded with `max_batch` > 1 their forwards are batched together). `refs`: full-cache
     runs by stream digest, used and filled (a caller that already ran one passes it on)."""
     progress = progress or NoProgress()
@@ -203,8 +214,8 @@ def run_fidelity(
             bar.done()
             total.advance(1)
 
-    if workers > 1 and len(todo) > 1:
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fidelity")
+    if concurrency > 1 and len(todo) > 1:
+        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fidelity")
         try:
             for f in [pool.submit(run_one, item) for item in todo]:
                 f.result()  # the first failure is raised; finished runs are already saved

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvagent.bench.episodes import DEFAULT_FACT, Episode, default_probe, render_tool_call
+from kvagent.bench.episodes import DEFAULT_FACT, Episode, Probe, default_probe, render_tool_call
 from kvagent.bench.fixture_repo import BUGGY_LINE, FIXED_LINE, ISSUE, write_fixture_repo
 from kvagent.errors import ConfigError
 
@@ -88,11 +88,35 @@ def fact_value(seed: int) -> str:
     return f"{rng.randint(1000, 9999)}-{''.join(rng.choice('ABCDEFGHJKMNPQRSTUVWXYZ') for _ in range(3))}"
 
 
-def _notes(value: str) -> str:
+# The planted fact's forms: `key` (the default, as in planted real trajectories) and `port`, which the
+# bundled SmolLM2-135M retrieves with the full cache (log p about -0.1 per value token; it does not
+# retrieve the key, answering "The deploy key is:" and a tool call instead), so the demo can show
+# which evicting runs lose it.
+FACTS = ("key", "port")
+
+
+def planted_fact(fact: str, seed: int) -> tuple[str, Probe]:
+    """(the notes' sentence stating the fact, the probe asking for it at the end)."""
+    if fact == "key":
+        value = fact_value(seed)
+        return (
+            f"For the staging upload, {DEFAULT_FACT[0]} {value}. Do not paste it into issues.",
+            default_probe(value),
+        )
+    value = "8471" if seed == 0 else str(random.Random(f"port-{seed}").randint(1024, 9999))
+    probe = Probe(
+        question="Which port does the staging server listen on?",
+        answer_prefix="The staging server listens on port",
+        value=value,
+    )
+    return f"The staging server listens on port {value}.", probe
+
+
+def _notes(sentence: str) -> str:
     return (
         "# Deployment notes\n\n"
         "Releases are cut from the main branch after the test suite passes.\n"
-        f"For the staging upload, {DEFAULT_FACT[0]} {value}. Do not paste it into issues.\n"
+        f"{sentence}\n"
         "Tag releases as vMAJOR.MINOR.PATCH and update setup.cfg first.\n"
     )
 
@@ -179,11 +203,13 @@ def generate_episode(
     prompt: str = "agent",
     *,
     open_env: Callable[[Path], Any] | None = None,
+    fact: str = "key",
 ) -> Episode:
     """A `turns`-call episode (>= 10) over the built-in fixture repo, or over `repo` (any directory,
     e.g. an unpacked Flask sdist; then the calls are generic exploration). `prompt`: the agent's
     system prompt, or `compact` (COMPACT_SYSTEM). The calls really run, in `open_env(repo_dir)`: a
-    sandbox (context manager) over a copy of the repository, e.g. a local one."""
+    sandbox (context manager) over a copy of the repository, e.g. a local one. `fact`: the planted
+    fact's form (FACTS)."""
     from kvagent.agent.observation import tool_observation
     from kvagent.agent.prompts import instance_prompt, system_prompt
 
@@ -193,10 +219,12 @@ def generate_episode(
         raise ConfigError(f"episodes: prompt={prompt!r}; choose one of {', '.join(PROMPTS)}")
     if fact_turn < 0:
         raise ConfigError(f"episodes: fact_turn must be >= 0, got {fact_turn}")
+    if fact not in FACTS:
+        raise ConfigError(f"episodes: fact={fact!r}; choose one of {', '.join(FACTS)}")
     if open_env is None:
         raise ConfigError("episodes: a generated episode runs its calls in a sandbox; pass open_env")
     rng = random.Random(seed)
-    value = fact_value(seed)
+    sentence, probe = planted_fact(fact, seed)
     with tempfile.TemporaryDirectory(prefix="kvagent-bench-repo-") as tmp:
         if repo is None:
             src = write_fixture_repo(Path(tmp) / "durations")
@@ -211,7 +239,7 @@ def generate_episode(
             {"role": "user", "content": instance_prompt(issue, repo_dir=REPO_DIR)},
         ]
         with open_env(src) as sb:
-            sb.write(NOTES_PATH, _notes(value))
+            sb.write(NOTES_PATH, _notes(sentence))
             for key, tool, params in _script(rng, turns, fact_turn, fixture=repo is None):
                 thought = rng.choice(_THOUGHTS[key])
                 call = {"name": tool, "arguments": params}
@@ -221,9 +249,8 @@ def generate_episode(
                 messages.append({"role": "user", "content": _clean(obs, sb.workdir)})
     name = f"gen-s{seed}-t{turns}" + ("" if prompt == "agent" else f"-{prompt}")
     name += "" if repo is None else f"-{Path(repo).name}"
-    return Episode(
-        name=name, messages=messages, probe=default_probe(value), meta={"seed": seed, "turns": turns}
-    )
+    name += "" if fact == "key" else f"-{fact}"
+    return Episode(name=name, messages=messages, probe=probe, meta={"seed": seed, "turns": turns})
 
 
 def _render(call: dict) -> str:

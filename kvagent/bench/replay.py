@@ -40,6 +40,8 @@ class ReplayResult:
     probe_retrieved: bool | None = None  # greedy continuation of the answer prefix holds the value
     probe_text: str | None = None
     stats: dict = field(default_factory=dict)
+    # (tokens fed, entries the fullest layer holds) after each segment: the KV memory over the episode
+    memory: list[tuple[int, int]] = field(default_factory=list)
     wall_s: float = 0.0
     reference: Reference | None = None
 
@@ -72,6 +74,7 @@ def replay(
                 on_logits(i, logits, tok)
                 i += 1
             last = rows[-1]
+        result.memory.append((session.logical_length, session.stats.max_entries))
         if progress:
             progress(len(seg.ids))
     if probe and stream.probe is not None:

@@ -209,7 +209,7 @@ def estimate(engine, streams: Sequence[Stream], plan: StudyPlan, out_dir: str | 
 
 
 def run_study(engine, streams: Sequence[Stream], plan: StudyPlan, out_dir: str | Path, model_name: str,
-              progress=None, workers: int = 1, refs: dict | None = None) -> list[dict]:  # fmt: skip
+              progress=None, concurrency: int = 1, refs: dict | None = None) -> list[dict]:  # fmt: skip
     """Run (or resume) the study's grid; returns the records of these episodes and this model."""
     if not streams:
         raise ConfigError("episodes: the study got no episode")
@@ -225,6 +225,6 @@ def run_study(engine, streams: Sequence[Stream], plan: StudyPlan, out_dir: str |
         progress=progress,
         plot=False,
         annotate=lambda st, res: {"positions": position_buckets(st, res, plan.bucket)},
-        workers=workers,
+        concurrency=concurrency,
         refs=refs,
     )

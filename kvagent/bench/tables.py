@@ -5,12 +5,20 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-GROUP = ("policy", "mode", "scope", "protect", "budget", "head_budget")
+from kvagent.runspec import RunSpec
+
+# What the tables show as columns; any other setting that sets a run apart (its label's other
+# parts) joins the policy's name: `snapkv+adaptive`.
+COLUMNS = ("scope", "protect")
 
 
-def head_budget(record: dict) -> str:
-    """A record's head budget; records written before it was recorded were all uniform."""
-    return record.get("head_budget") or "uniform"
+def setting(record: dict) -> RunSpec:
+    """The setting a record belongs to (records of every seed and episode share it)."""
+    return RunSpec.from_record(record).configuration
+
+
+def row_name(cfg: RunSpec) -> str:
+    return "+".join([cfg.policy, *(str(getattr(cfg, k)) for k in cfg.varied if k not in COLUMNS)])
 
 
 def _mean(xs):
@@ -23,19 +31,17 @@ def _fmt(x, spec: str) -> str:
 
 
 def fidelity_rows(records: list[dict]) -> list[dict]:
-    groups: dict[tuple, list[dict]] = defaultdict(list)
+    groups: dict[RunSpec, list[dict]] = defaultdict(list)
     for r in records:
         if r.get("status") == "ok":
-            groups[tuple(r.get(k) if k != "head_budget" else head_budget(r) for k in GROUP)].append(r)
+            groups[setting(r)].append(r)
     rows = []
-    for key, rs in groups.items():
+    for cfg, rs in groups.items():
         retrieved = [r["probe_retrieved"] for r in rs if r.get("probe_retrieved") is not None]
-        named = dict(zip(GROUP, key, strict=True))
-        if named["head_budget"] != "uniform":  # Ada-KV runs get their own line in tables and plots
-            named["policy"] = f"{named['policy']}+{named['head_budget']}"
         rows.append(
             {
-                **named,
+                **{k: getattr(cfg, k) for k in ("mode", "budget", *COLUMNS, *cfg.varied)},
+                "policy": row_name(cfg),
                 "episodes": len(rs),
                 "kl": _mean([r["kl"] for r in rs]),
                 "top1": _mean([r["top1"] for r in rs]),

@@ -10,40 +10,42 @@ from typing import Annotated
 import typer
 
 from kvagent.cli.app_bench import bench_app
+from kvagent.cli.app_eval import eval_, grade, report
 from kvagent.cli.app_images import images_app
+from kvagent.cli.app_serve import serve
 from kvagent.cli.params import (
     AGENT_MODEL,
     BENCH_MODEL,
     Budget,
-    Budgets,
     Buffer,
     ContextLimit,
     Device,
     Dtype,
     HeadBudget,
     History,
-    Instances,
+    Isolation,
     MaxNewTokens,
     MaxSteps,
     Mode,
     Model,
-    Modes,
-    Policies,
+    Network,
+    PatchRule,
     Policy,
     PolicyArg,
     Prompts,
     PromptStyle,
     Protect,
     Quiet,
+    R2EGym,
     Scaffold,
     Scope,
     Seed,
-    Split,
     Temperature,
+    TopK,
+    TopP,
     Window,
     agent_args,
     cache_args,
-    fail,
     run_app,
     user_errors,
 )
@@ -82,15 +84,6 @@ def _root(
     """Coding agents over one live, evictable KV cache: solve, evaluate and benchmark eviction policies."""
 
 
-Isolation = Annotated[
-    str,
-    typer.Option(
-        help="Local sandboxes: bwrap (bubblewrap; refuses to start without it) or none (the model's "
-        "commands run on this host, unisolated). Docker containers are always isolated."
-    ),
-]
-
-
 # ----------------------------------------------------------------------------- commands
 @app.command()
 @user_errors
@@ -114,6 +107,7 @@ def demo(
 @app.command()
 @user_errors
 def solve(
+    ctx: typer.Context,
     issue: Annotated[str, typer.Option(help="The issue text, or a file holding it.")],
     repo: Annotated[
         str | None, typer.Option(help="Local repository (copied; never edited in place).")
@@ -136,8 +130,12 @@ def solve(
     temperature: Temperature = 1.0,
     prompt_style: PromptStyle = "repo_first",
     prompts: Prompts = None,
+    r2egym: R2EGym = None,
     scaffold: Scaffold = "kvagent",
-    history: History = "keep-thinking",
+    history: History = None,
+    patch_rule: PatchRule = None,
+    top_p: TopP = None,
+    top_k: TopK = None,
     out: Annotated[
         str | None,
         typer.Option(help="Directory for episode.traj.json and patch.diff (default runs/solve-TIME)."),
@@ -145,21 +143,23 @@ def solve(
     device: Device = "auto",
     dtype: Dtype = "auto",
     isolation: Isolation = "bwrap",
+    network: Network = "none",
 ) -> None:
     """Run the agent on one issue in a repository or image."""
     from kvagent.cli.solve import run_solve
 
     run_solve(
         issue=issue, repo=repo, image=image, model=model, out=out, device=device, dtype=dtype, isolation=isolation,
-        cache=cache_args(policy, budget, buffer, mode, scope, protect, window, seed, policy_arg, head_budget),
-        agent=agent_args(max_steps, max_new_tokens, context_limit, temperature, prompt_style, seed,
-                         prompts, scaffold, history),
+        network=network,
+        cache={**cache_args(ctx.params), "policy_arg": policy_arg},
+        agent=agent_args(ctx.params),
     )  # fmt: skip
 
 
 @app.command()
 @user_errors
 def chat(
+    ctx: typer.Context,
     repo: Annotated[
         str, typer.Option(help="Local repository (copied; never edited in place); default: this directory.")
     ] = ".",
@@ -183,8 +183,11 @@ def chat(
     temperature: Temperature = 1.0,
     prompt_style: PromptStyle = "repo_first",
     prompts: Prompts = None,
+    r2egym: R2EGym = None,
     scaffold: Scaffold = "kvagent",
-    history: History = "keep-thinking",
+    history: History = None,
+    top_p: TopP = None,
+    top_k: TopK = None,
     device: Device = "auto",
     dtype: Dtype = "auto",
     isolation: Isolation = "bwrap",
@@ -194,162 +197,9 @@ def chat(
 
     run_chat(
         repo=repo, model=model, approval=approval, device=device, dtype=dtype, isolation=isolation,
-        cache=cache_args(policy, budget, buffer, mode, scope, protect, window, seed, policy_arg, head_budget),
-        agent=agent_args(max_steps, max_new_tokens, context_limit, temperature, prompt_style, seed,
-                         prompts, scaffold, history),
+        cache={**cache_args(ctx.params), "policy_arg": policy_arg},
+        agent=agent_args(ctx.params),
     )  # fmt: skip
-
-
-def _grid_file(ctx: typer.Context, value: str | None) -> str | None:
-    """`eval --config FILE`: the grid file's settings become the defaults of eval's options, so a flag
-    given explicitly overrides its key (read first: the option is eager)."""
-    if value:
-        import typing
-
-        from kvagent.cli.eval import grid_defaults, typed_grid
-        from kvagent.errors import KvagentError
-
-        try:
-            grid = grid_defaults(value, [p.name for p in ctx.command.params if p.name])
-            grid = typed_grid(value, grid, typing.get_type_hints(eval_))
-        except KvagentError as e:
-            fail(str(e))
-        ctx.default_map = {**(ctx.default_map or {}), **grid}
-    return value
-
-
-@app.command(name="eval")
-@user_errors
-def eval_(
-    ctx: typer.Context,
-    dataset: Annotated[str, typer.Option(help="SWE-bench instances: .json/.jsonl/.parquet file or HF name.")],
-    split: Split = "test",
-    instances: Instances = None,
-    policies: Policies = "full,random,nexus",
-    modes: Modes = "persistent,reprefill",
-    budgets: Budgets = "1024",
-    seeds: Annotated[str, typer.Option(help="Comma list of seeds (Pass@1 averages over them).")] = "0",
-    model: Model = AGENT_MODEL,
-    buffer: Buffer = 128,
-    scope: Scope = "prefill+decode",
-    protect: Protect = "prompt",
-    window: Window = 16,
-    head_budget: HeadBudget = "uniform",
-    policy_arg: PolicyArg = None,
-    env: Annotated[
-        str, typer.Option(help="docker (instance images) or local (--repos checkouts).")
-    ] = "docker",
-    repos: Annotated[
-        str | None, typer.Option(help="With --env local: DIR/<instance_id> checkouts at base commit.")
-    ] = None,
-    grade: Annotated[bool, typer.Option(help="Grade each run in a fresh sandbox.")] = True,
-    concurrency: Annotated[
-        int, typer.Option(help="Episodes at once over one engine (their forwards batched: max_batch=N).")
-    ] = 1,
-    workers: Annotated[
-        int | None, typer.Option(hidden=True, help="Deprecated name of --concurrency.")
-    ] = None,
-    config: Annotated[
-        str | None,
-        typer.Option(
-            "--config",
-            help="Grid file (YAML) of eval's options: instances, policies, modes, budgets, seeds, agent "
-            "settings...; flags given override it. Each run directory records its grid as grid.yaml.",
-            is_eager=True,
-            callback=_grid_file,
-        ),
-    ] = None,
-    max_steps: MaxSteps = 100,
-    max_new_tokens: MaxNewTokens = None,
-    context_limit: ContextLimit = 65_536,
-    temperature: Temperature = 1.0,
-    prompts: Prompts = None,
-    scaffold: Scaffold = "kvagent",
-    history: History = "keep-thinking",
-    out: Annotated[str, typer.Option(help="Run directory (resumable).")] = "runs/eval",
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    ray: Annotated[
-        str | None,
-        typer.Option(
-            help="Run on a Ray cluster: `auto` (the one on this machine, else a new one) or "
-            "its ADDRESS (host:port); needs kvagent\\[ray]. See docs/scale.md."
-        ),
-    ] = None,
-    engines: Annotated[
-        int | None, typer.Option(help="With --ray: engines (Ray actors, one GPU each); default: all GPUs.")
-    ] = None,
-    image_registry: Annotated[
-        str | None, typer.Option(help="With --ray and --env docker: pull missing instance images from it.")
-    ] = None,
-    isolation: Isolation = "bwrap",
-) -> None:
-    """Run the agent over SWE-bench instances for each policy x mode x budget x seed."""
-    if workers is not None:
-        typer.echo("kvagent: --workers is deprecated; use --concurrency", err=True)
-    if ray is not None:  # the same sweep on Ray actors; without --ray, Ray is never imported
-        if isolation != "bwrap":
-            fail("--isolation none is not available with --ray; Ray workers always use bwrap")
-        from functools import partial
-
-        from kvagent.cli.eval_ray import run_eval_ray
-
-        run_eval = partial(run_eval_ray, ray_address=ray, engines=engines, image_registry=image_registry)
-    else:
-        if engines is not None or image_registry is not None:
-            fail("--engines and --image-registry need --ray (e.g. --ray auto)")
-        from functools import partial
-
-        from kvagent.cli.eval import run_eval
-
-        run_eval = partial(run_eval, isolation=isolation)
-
-    run_eval(
-        dataset=dataset, split=split, instances=instances, policies=policies, modes=modes,
-        budgets=budgets, seeds=seeds, model=model, policy_arg=policy_arg, env=env, repos=repos,
-        grade=grade, out=out, device=device, dtype=dtype, grid=dict(ctx.params),
-        concurrency=concurrency if workers is None else workers,
-        cache_options={"buffer": buffer, "scope": scope, "protect": protect, "window": window,
-                       "head_budget": head_budget},
-        agent=agent_args(max_steps, max_new_tokens, context_limit, temperature, "repo_first", 0,
-                         prompts, scaffold, history),
-    )  # fmt: skip
-
-
-@app.command()
-@user_errors
-def grade(
-    predictions: Annotated[
-        str, typer.Argument(help="Predictions JSONL/JSON in SWE-bench format, or `gold`.")
-    ],
-    dataset: Annotated[str, typer.Option(help="The instances' dataset file or HF name.")],
-    split: Split = "test",
-    instances: Instances = None,
-    out: Annotated[str, typer.Option(help="Directory for report.json and logs.")] = "grade-out",
-    timeout: Annotated[int, typer.Option(help="Seconds per instance's tests.")] = 1800,
-    harness: Annotated[
-        str, typer.Option(help="kvagent (offline images) or official (swebench harness).")
-    ] = "kvagent",
-    recipes: Annotated[
-        list[str] | None, typer.Option("--recipes", help="Extra recipe files (JSON), as for `images build`.")
-    ] = None,
-) -> None:
-    """Grade a predictions file against its SWE-bench instances."""
-    from kvagent.cli.grade import run_grade
-
-    run_grade(
-        predictions, dataset, split=split, instances=instances, out=out, timeout=timeout, harness=harness,
-        recipes=recipes,
-    )  # fmt: skip
-
-
-@app.command()
-@user_errors
-def report(run_dir: Annotated[str, typer.Argument(help="A `kvagent eval` run directory.")]) -> None:
-    """Resolved / Pass@1 tables, CIs and plots for a run directory."""
-    from kvagent.cli.report import run_report
-
-    run_report(run_dir)
 
 
 @app.command()
@@ -381,57 +231,10 @@ def clean(
     run_clean(docker=docker)
 
 
-@app.command()
-@user_errors
-def serve(
-    model: Model = AGENT_MODEL,
-    policy: Policy = "full",
-    budget: Budget = None,
-    buffer: Buffer = 128,
-    mode: Mode = "persistent",
-    scope: Scope = "prefill+decode",
-    protect: Protect = "prompt",
-    window: Window = 16,
-    seed: Seed = 0,
-    policy_arg: PolicyArg = None,
-    head_budget: HeadBudget = "uniform",
-    max_batch: Annotated[
-        int, typer.Option(help="Sessions whose forwards one batch joins (and requests run at once).")
-    ] = 8,
-    kv_memory: Annotated[
-        float | None,
-        typer.Option(
-            help="GiB of KV that sessions may hold; idle ones are dropped least recently used past it."
-        ),
-    ] = None,
-    host: Annotated[
-        str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port (0: any free one, printed at start).")] = 8000,
-    max_queue: Annotated[int, typer.Option(help="Requests waiting beyond those running; more get 429.")] = 64,
-    max_sessions: Annotated[int, typer.Option(help="Live sessions at most (idle ones dropped LRU).")] = 1024,
-    drain_timeout: Annotated[
-        float,
-        typer.Option(help="Seconds in-flight requests get to finish at SIGTERM before they are cancelled."),
-    ] = 30.0,
-    served_model_name: Annotated[
-        str | None, typer.Option(help="The model name clients send (default: --model).")
-    ] = None,
-    log_level: Annotated[
-        str, typer.Option(help="uvicorn's log level: warning, info (one line a request), debug.")
-    ] = "info",
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-) -> None:
-    """OpenAI-compatible server whose conversations each keep one live, evicted cache (kvagent[serve])."""
-    from kvagent.cli.serve import run_serve
-
-    run_serve(
-        model=model, max_batch=max_batch, kv_memory=kv_memory, host=host, port=port, max_queue=max_queue,
-        max_sessions=max_sessions, drain_timeout=drain_timeout, served_model_name=served_model_name,
-        device=device, dtype=dtype, log_level=log_level,
-        cache=cache_args(policy, budget, buffer, mode, scope, protect, window, seed, policy_arg, head_budget),
-    )  # fmt: skip
+app.command(name="eval")(eval_)  # the SWE-bench commands are declared in app_eval.py
+app.command()(grade)
+app.command()(report)
+app.command()(serve)  # declared in app_serve.py (its own options)
 
 
 def main() -> None:

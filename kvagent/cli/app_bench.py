@@ -1,4 +1,4 @@
-"""`kvagent bench fidelity|study|speed`: declarations of the benchmark commands (bodies: bench.py)."""
+"""`kvagent bench fidelity|study|speed|serve`: declarations of the benchmark commands (bodies: bench.py, bench_serve.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ bench_app = typer.Typer(
 @bench_app.command("fidelity")
 @user_errors
 def bench_fidelity(
+    ctx: typer.Context,
     model: Model = BENCH_MODEL,
     policies: Policies = "random,snapkv,h2o,streaming,pyramidkv,nexus",
     modes: Modes = "persistent,reprefill",
@@ -70,11 +71,7 @@ def bench_fidelity(
     """Replay agent episodes under each policy and compare with the full cache."""
     from kvagent.cli.bench import run_fidelity_bench
 
-    run_fidelity_bench(
-        model=model, policies=policies, modes=modes, budgets=budgets, scopes=scopes, protect=protect,
-        episodes=episodes, out=out, buffer=buffer, window=window, seed=seed, policy_arg=policy_arg,
-        max_tokens=max_tokens, quiet=quiet, device=device, dtype=dtype, head_budget=head_budget,
-    )  # fmt: skip
+    run_fidelity_bench(**ctx.params)  # its other cache options are swept (`--head-budget uniform,adaptive`)
 
 
 @bench_app.command("study")
@@ -149,7 +146,7 @@ def bench_study(
         model=model, policies=policies, modes=modes, budgets=budgets, seeds=seeds,
         ablation_budget=ablation_budget, ablation_protect=ablation_protect,
         ablation_policies=ablation_policies, episodes=episodes, out=out, buffer=buffer, window=window,
-        bucket=bucket, policy_arg=policy_arg, max_tokens=max_tokens, clip_chars=clip_chars, workers=concurrency,
+        bucket=bucket, policy_arg=policy_arg, max_tokens=max_tokens, clip_chars=clip_chars, concurrency=concurrency,
         estimate_only=estimate_only, report_only=report_only, quiet=quiet, device=device, dtype=dtype,
     )  # fmt: skip
 
@@ -185,4 +182,64 @@ def bench_speed(
         model=model, policies=policies, lengths=lengths, budget=budget, buffer=buffer,
         policy_arg=policy_arg, steps=steps, episode=episode, device=device, dtype=dtype, out=out,
         quiet=quiet,
+    )  # fmt: skip
+
+
+@bench_app.command("serve")
+@user_errors
+def bench_serve(
+    url: Annotated[
+        list[str],
+        typer.Option(
+            help="An OpenAI-compatible server's root, URL or LABEL=URL (repeatable: servers are measured one "
+            "after another on the same workload)."
+        ),
+    ] = [],  # noqa: B006
+    episodes: Annotated[
+        list[str],
+        typer.Option(
+            help="Episode source (repeatable), as for `bench fidelity`: FILE.jsonl[:first=N,ids=a|b], ..."
+        ),
+    ] = ["../shared/data/trajectories_dev.jsonl:plant=0"],  # noqa: B006
+    concurrency: Annotated[int, typer.Option(help="Conversations in flight at once.")] = 8,
+    conversations: Annotated[
+        int | None, typer.Option(help="Conversations in all (each episode once). Default: --concurrency.")
+    ] = None,
+    turns: Annotated[int, typer.Option(help="Turns per conversation at most.")] = 8,
+    max_context: Annotated[
+        int, typer.Option(help="A conversation ends before the turn whose prompt + reply would pass this.")
+    ] = 4096,
+    max_reply: Annotated[int, typer.Option(help="Replies asked for at most this many tokens.")] = 256,
+    clip_chars: Annotated[
+        int | None,
+        typer.Option(help="Cut each message longer than this many characters to its head and tail."),
+    ] = 2000,
+    tokenizer: Annotated[
+        str, typer.Option(help="The served model's tokenizer (smollm2, a model directory): reply lengths.")
+    ] = BENCH_MODEL,
+    model_name: Annotated[
+        str | None, typer.Option(help="The model name requests send. Default: the first /v1/models lists.")
+    ] = None,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Each request's seed.")] = 0,
+    timeout: Annotated[float, typer.Option(help="Seconds one request may take.")] = 600.0,
+    out: Annotated[str, typer.Option(help="Directory for serve.json / .md / .png.")] = "bench-out",
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            help="Open each conversation with this run's own tag, so no server reuses an earlier run's "
+            "cached prefixes (--no-fresh: replay the recorded text exactly)."
+        ),
+    ] = True,
+    quiet: Quiet = False,
+) -> None:
+    """Replay agent trajectories as concurrent multi-turn conversations against OpenAI-compatible
+    servers (kvagent serve, vLLM): output tokens/s, TTFT, prompt tokens continued, KV memory."""
+    from kvagent.cli.bench_serve import run_serve_bench
+
+    run_serve_bench(
+        urls=url, episodes=episodes, concurrency=concurrency, conversations=conversations, turns=turns,
+        max_context=max_context, max_reply=max_reply, clip_chars=clip_chars, tokenizer=tokenizer,
+        model_name=model_name, temperature=temperature, seed=seed, timeout=timeout, out=out, quiet=quiet,
+        fresh=fresh,
     )  # fmt: skip

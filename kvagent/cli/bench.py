@@ -32,20 +32,35 @@ def study_fraction(text: str, option: str) -> float:
     return b
 
 
+def _setting_value(name: str, text: str):
+    """A comma list item as the CacheConfig field `name` takes it (numbers for numeric fields)."""
+    from kvagent.runspec import DEFAULTS
+
+    kind = type(DEFAULTS[name])
+    try:
+        return kind(text) if kind in (int, float) else text
+    except ValueError:
+        raise ConfigError(f"{name.replace('_', '-')}: {text!r} is not a number") from None
+
+
 def run_fidelity_bench(
     *, model, policies, modes, budgets, scopes, protect, episodes, out, buffer, window, seed, policy_arg,
-    max_tokens, quiet, device="auto", dtype="auto", head_budget="uniform",
+    max_tokens, quiet, device="auto", dtype="auto", **axes,
 ) -> list[dict]:  # fmt: skip
+    """`axes`: the command's other cache options, each a comma list of one CacheConfig field's values
+    (`--head-budget uniform,adaptive`); each value runs for the policies that accept it."""
     from kvagent.bench.fidelity import make_grid, run_fidelity
     from kvagent.bench.sources import load_episodes
     from kvagent.bench.stream import build_stream
     from kvagent.cli.ui import Bars, print_markdown
-    from kvagent.runtime.config import HEAD_BUDGETS
+    from kvagent.runspec import DEFAULTS
 
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"max-tokens: must be >= 1, got {max_tokens}")
     names = split_list(policies, "policies")
-    head_budgets = choice_list(head_budget, "head-budget", HEAD_BUDGETS)
+    swept = {
+        k: [_setting_value(k, v) for v in split_list(text, k.replace("_", "-"))] for k, text in axes.items()
+    }
     args = parse_policy_args(policy_arg, names)
     grid = make_grid(
         names,
@@ -57,20 +72,17 @@ def run_fidelity_bench(
         window=window,
         seed=seed,
         policy_args=args,
-        head_budgets=head_budgets,
+        axes=swept,
     )
-    if "adaptive" in head_budgets:  # make_grid kept adaptive runs for the policies that support them
-        capable = list(dict.fromkeys(s.policy for s in grid if s.head_budget == "adaptive"))
-        if not capable:
-            raise ConfigError(
-                "head-budget: adaptive needs a policy that scores heads comparably (snapkv, pyramidkv, h2o, "
-                "rkv, or tova with --policy-arg tova.shared=false); none is in --policies"
+    for name, values in swept.items():  # make_grid kept each value's runs for the policies taking it
+        for value in values:
+            took = list(
+                dict.fromkeys(s.policy for s in grid if s.policy != "full" and getattr(s, name) == value)
             )
-        others = [p for p in names if p != "full" and p not in capable]
-        if others:
-            print(
-                f"head-budget adaptive: run for {', '.join(capable)}; not for {', '.join(others)} (uniform only)"
-            )
+            others = [p for p in names if p != "full" and p not in took]
+            if value != DEFAULTS[name] and others:
+                print(f"{name.replace('_', '-')} {value}: run for {', '.join(took)}; not for {', '.join(others)} "
+                      f"({DEFAULTS[name]} only)")  # fmt: skip
     check_out_dir(out)
     eps = load_episodes(list(episodes), open_env=local_sandbox)
     engine = load_engine(model, device=device, dtype=dtype)
@@ -118,7 +130,7 @@ def run_speed_bench(
 
 def run_study_bench(
     *, model, policies, modes, budgets, seeds, ablation_budget, ablation_protect, ablation_policies, episodes,
-    out, buffer, window, bucket, policy_arg, max_tokens, clip_chars, workers, estimate_only, report_only, quiet,
+    out, buffer, window, bucket, policy_arg, max_tokens, clip_chars, concurrency, estimate_only, report_only, quiet,
     device="auto", dtype="auto",
 ) -> dict | None:  # fmt: skip
     """Plan the study, print its estimated time, run (or resume) it, and write study.md / .json / PNGs."""
@@ -142,8 +154,8 @@ def run_study_bench(
         raise ConfigError(
             f"clip-chars: must be >= 1 character, got {clip_chars}; leave it out to keep messages whole"
         )
-    if workers < 1:
-        raise ConfigError(f"concurrency: must be >= 1, got {workers}")
+    if concurrency < 1:
+        raise ConfigError(f"concurrency: must be >= 1, got {concurrency}")
     names = list(available()) if policies == "all" else split_list(policies, "policies")
     plan = StudyPlan(
         policies=tuple(names),
@@ -176,7 +188,7 @@ def run_study_bench(
         eps = load_episodes(list(episodes), open_env=local_sandbox)
         if clip_chars:
             eps = [clip_messages(e, clip_chars) for e in eps]
-        engine = load_engine(model, device=device, dtype=dtype, max_batch=workers)
+        engine = load_engine(model, device=device, dtype=dtype, max_batch=concurrency)
         streams = [build_stream(e, engine.tokenizer, max_tokens=max_tokens) for e in eps]
         refs: dict = {}
         print(f"study: timing one full-cache replay of {streams[0].name} ...", flush=True)
@@ -192,7 +204,7 @@ def run_study_bench(
         try:
             with resume_hint(out), Bars(enabled=not quiet) as bars:
                 records = run_study(
-                    engine, streams, plan, outp, model, progress=bars, workers=workers, refs=refs
+                    engine, streams, plan, outp, model, progress=bars, concurrency=concurrency, refs=refs
                 )
         finally:
             engine.close()

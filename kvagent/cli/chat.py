@@ -340,7 +340,7 @@ def run_chat(
     """`kvagent chat`: validate, load the model, copy the repository (default: the current directory)
     into a sandbox, then chat."""
     from kvagent.cli import environments
-    from kvagent.cli.common import agent_config, cache_config, load_engine
+    from kvagent.cli.common import agent_config, cache_config, load_engine, sandbox_workdir
     from kvagent.cli.solve import check_before_sandbox, sandbox_spec
     from kvagent.runspec import RunSpec
     from kvagent.sandbox import open_sandbox
@@ -352,7 +352,8 @@ def run_chat(
     console = console or Console()
     console.print(Text(f"loading model {model} ...", style="dim"))
     engine = load_engine(model, device=device, dtype=dtype)
-    check_before_sandbox(engine, cfg, config)  # the config: its profile's prompts
+    # The first request is not known yet: its prompt counted without it (the least it can be).
+    check_before_sandbox(engine, cfg, config, "", sandbox_workdir(spec["backend"]))
     session = engine.session(cfg)
     with open_sandbox(**spec) as sandbox:
         console.print(

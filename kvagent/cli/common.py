@@ -65,6 +65,19 @@ def resume_hint(out: str | os.PathLike[str]) -> Iterator[None]:
         raise
 
 
+def sandbox_workdir(backend: str) -> str:
+    """The repository path a sandbox of `backend` shows the model, whose tokens enter the first
+    prompt, so checks before the sandbox opens count them: docker's /testbed, or a temp dir named as
+    local sandboxes name theirs (made, then removed), which tokenizes like theirs."""
+    if backend != "local":
+        return "/testbed"
+    from kvagent.sandbox import owner
+
+    root = owner.make_dir()
+    os.rmdir(root)
+    return os.path.join(root, "repo")
+
+
 def load_engine(model: str, device: str = "auto", dtype: str = "auto", max_batch: int = 1) -> Any:
     """The one place a command loads a model (`max_batch` > 1: concurrent sessions share forwards)."""
     import os
@@ -86,12 +99,11 @@ def load_engine(model: str, device: str = "auto", dtype: str = "auto", max_batch
 
 
 def cache_config(
-    *, policy: str, budget: str | None, buffer: int, mode: str, scope: str, protect: str, window: int,
-    seed: int, policy_arg: Sequence[str] | None, head_budget: str = "uniform",
-) -> Any:  # fmt: skip
-    """The CacheConfig of a one-run command (solve, chat) from its shared cache options; a policy
-    without a budget (or a budget without a policy) and unknown policy options fail here, before the
-    model loads."""
+    *, policy: str, budget: str | None, policy_arg: Sequence[str] | None = None, **settings: Any
+) -> Any:
+    """The CacheConfig of a one-run command (solve, chat) from its shared cache options (`settings`:
+    the other CacheConfig fields, as `params.cache_args` picks them); a policy without a budget (or a
+    budget without a policy) and unknown policy options fail here, before the model loads."""
     from kvagent.runtime import CacheConfig
     from kvagent.runtime.policies import make_policy
 
@@ -102,18 +114,7 @@ def cache_config(
             "for the full cache"
         )
     args = parse_policy_args(policy_arg, [policy]).get(policy, {})
-    config = CacheConfig(
-        policy=policy,
-        budget=k,
-        buffer=buffer,
-        mode=mode,
-        scope=scope,
-        protect=protect,
-        window=window,
-        seed=seed,
-        policy_args=args,
-        head_budget=head_budget,
-    )
+    config = CacheConfig(policy=policy, budget=k, policy_args=args, **settings)
     if policy != "full" and k is None:
         raise ConfigError(
             f"budget: --policy {policy} evicts only under a budget; add --budget K (e.g. --budget 1024) or a "

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 DEMO_POLICIES = ("random", "snapkv", "nexus")
+PICTURE = "demo.png"
 
 
 def run_demo(
@@ -22,6 +23,8 @@ def run_demo(
     device: str = "auto",
     dtype: str = "auto",
 ) -> list[dict]:
+    from kvagent.bench.demo_plot import plot_demo, probe_shown
+    from kvagent.bench.demo_series import series
     from kvagent.bench.fidelity import make_grid, run_fidelity
     from kvagent.bench.generator import MIN_TURNS, generate_episode
     from kvagent.bench.stream import build_stream
@@ -43,7 +46,7 @@ def run_demo(
         f"kvagent demo: generating a {turns}-call episode (seed {seed}, compact system prompt) in a local sandbox ...",
         flush=True,
     )
-    episode = generate_episode(seed=seed, turns=turns, prompt="compact", open_env=_demo_sandbox)
+    episode = generate_episode(seed=seed, turns=turns, prompt="compact", open_env=_demo_sandbox, fact="port")
     print(f"loading {model} ...", flush=True)
     engine = load_engine(model, device=device, dtype=dtype)
     stream = build_stream(episode, engine.tokenizer)
@@ -61,13 +64,22 @@ def run_demo(
         flush=True,
     )
     with resume_hint(out), Bars(enabled=progress) as bars:
-        records = run_fidelity(engine, [stream], grid, Path(out), model, progress=bars)
-    _print_table(records)
+        records = run_fidelity(
+            engine, [stream], grid, Path(out), model, progress=bars, plot=False, annotate=series
+        )
+    title = (
+        f"{model} on {stream.name}: {len(stream.ids)} tokens, {stream.n_turns} assistant turns, "
+        f"K={budget}, r={grid[-1].buffer}"
+    )
+    _print_table(records, title, engine.n_layers)
+    plot_demo(records, Path(out) / PICTURE, title)
     print(
-        f"\nwrote {out}/fidelity.json, {out}/fidelity.md and {out}/fidelity.png "
+        f"\nwrote {out}/fidelity.json, {out}/fidelity.md and {out}/{PICTURE} "
         f"in {time.perf_counter() - t0:.0f} s",
         flush=True,
     )
+    if not probe_shown(records):
+        print("(no planted-fact column: the full cache does not retrieve the fact on this model)")
     return records
 
 
@@ -81,38 +93,54 @@ def _demo_sandbox(repo: Path):
     return sb
 
 
-def _print_table(records: list[dict]) -> None:
+def _print_table(records: list[dict], title: str, n_layers: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from kvagent.bench.demo_plot import probe_shown
     from kvagent.bench.tables import fidelity_rows
 
-    t = Table(title="Fidelity vs the full cache (teacher-forced assistant tokens)")
-    for col in (
-        "policy",
-        "mode",
-        "K",
-        "mean KL",
-        "top-1 agree",
-        "log p(true)",
-        "fact retrieved",
-        "log p(fact)",
-        "rounds",
-        "KV MiB",
-    ):
+    probe = probe_shown(records)
+    cols = ["policy", "mode", "K", "mean KL", "top-1 agree", "log p(true)"]
+    cols += ["fact retrieved", "log p(fact)"] if probe else []
+    cols += ["rounds", "KV MiB"]
+    t = Table(title=f"{title}\nFidelity vs the full cache (teacher-forced assistant tokens)",
+              caption=_rounds_caption(records, n_layers), caption_justify="left")  # fmt: skip
+    for col in cols:
         t.add_column(col, justify="left" if col in ("policy", "mode") else "right")
     for r in fidelity_rows(records):
         full = r["policy"] == "full"
-        t.add_row(
+        row = [
             r["policy"],
             "-" if full else r["mode"],
             "dense" if r["budget"] is None else str(r["budget"]),
             f"{r['kl']:.4f}",
             f"{r['top1']:.1%}",
             f"{r['logp_true']:.3f}",
-            "-" if r["retrieval"] is None else ("yes" if r["retrieval"] >= 1 else "no"),
-            "-" if r["probe_logp"] is None else f"{r['probe_logp']:.2f}",
-            f"{r['rounds']:.0f}",
-            f"{r['kv_mib']:.1f}",
-        )
+        ]
+        if probe:
+            row += [
+                "-" if r["retrieval"] is None else ("yes" if r["retrieval"] >= 1 else "no"),
+                "-" if r["probe_logp"] is None else f"{r['probe_logp']:.2f}",
+            ]
+        row += [f"{r['rounds']:.0f}", f"{r['kv_mib']:.1f}"]
+        t.add_row(*row)
     Console(width=120).print(t)
+
+
+def _rounds_caption(records: list[dict], n_layers: int) -> str:
+    """Why the block policy's round count differs: a round is every layer that is due at once."""
+    from kvagent.runtime.policies import make_policy
+
+    text = "rounds: eviction events; each evicts every layer that has reached K + r at that moment."
+    blocks = sorted({(r["policy"], make_policy(r["policy"], **(r.get("policy_args") or {})).block)
+                     for r in records if r["policy"] != "full"})  # fmt: skip
+    for name, block in blocks:
+        if block > 1:
+            text += (
+                f"\n{name} keeps whole {block}-entry blocks, so a round leaves each of the {n_layers} layers "
+                f"0-{block - 1} entries under K, a different number per layer; the layers then reach K + r at "
+                "different times and most of its rounds evict a few layers only: more, smaller rounds, "
+                "not more rounds per layer."
+            )
+    return text

@@ -13,6 +13,8 @@ from kvagent.evals.datasets import Instance
 GRADE_LIMITS = {"mem_limit": "4g", "pids_limit": 4096}
 # --isolation: how a local sandbox runs model-written commands. Unisolated only when asked for.
 ISOLATIONS = ("bwrap", "none")
+# --network: a docker sandbox's network. R2E-Gym's containers have Docker's default one (docs/deepswe.md).
+NETWORKS = ("none", "default")
 
 
 def check_isolation(isolation: str) -> str:
@@ -31,12 +33,31 @@ def with_isolation(spec: dict[str, Any], isolation: str) -> dict[str, Any]:
     return {**spec, "isolation": isolation} if spec.get("backend") == "local" else spec
 
 
-def docker_env(instance: Instance) -> Any:
+def check_network(network: str, backend: str) -> bool:
+    """--network, checked before anything slow: True for Docker's default network. Only docker
+    sandboxes take `default` (a local sandbox's network stays unshared)."""
+    if network not in NETWORKS:
+        raise ConfigError(
+            f"network: got {network!r}; use none (the default) or default (Docker's network, as R2E-Gym's)"
+        )
+    if network == "default" and backend != "docker":
+        raise ConfigError(
+            "network: --network default is for docker sandboxes (--image, --env docker); drop it"
+        )
+    return network == "default"
+
+
+def with_network(spec: dict[str, Any], network: str) -> dict[str, Any]:
+    """A sandbox spec (`solve.sandbox_spec`) with --network applied."""
+    return {**spec, "network": True} if check_network(network, spec.get("backend", "")) else spec
+
+
+def docker_env(instance: Instance, network: bool = False) -> Any:
     """The instance's image (a locally built kvagent image, else the official one)."""
     from kvagent.evals.images import image_for
     from kvagent.sandbox import open_sandbox
 
-    return open_sandbox("docker", image=image_for(instance))
+    return open_sandbox("docker", image=image_for(instance), network=network)
 
 
 def grading_sandbox(instance: Instance, image: str | None = None, client: Any = None) -> Any:

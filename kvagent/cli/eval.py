@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from kvagent.cli.common import agent_config, check_out_dir, load_engine, parse_seeds
+from kvagent.cli.common import agent_config, check_out_dir, load_engine, parse_seeds, sandbox_workdir
 from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.datasets import Instance
 from kvagent.evals.runner import EvalRun, EvalRunner, load_records, plan_runs
@@ -30,17 +31,17 @@ class EvalTable:
     """Live table: per configuration done / running / errors / resolved so far, plus the batch's ETA
     (from this invocation's throughput, so it counts parallel episodes)."""
 
-    def __init__(self, specs: Sequence[EvalRun], done: dict[str, dict[str, Any]], console: Console) -> None:
-        self.configs = list(dict.fromkeys(s.label for s in specs))
-        self.total = {c: sum(1 for s in specs if s.label == c) for c in self.configs}
+    def __init__(self, runs: Sequence[EvalRun], done: dict[str, dict[str, Any]], console: Console) -> None:
+        self.configs = list(dict.fromkeys(r.label for r in runs))
+        self.total = {c: sum(1 for r in runs if r.label == c) for c in self.configs}
         self.done = {c: 0 for c in self.configs}
         self.resolved = {c: 0 for c in self.configs}
         self.errors = {c: 0 for c in self.configs}
         self.running: dict[str, int] = {c: 0 for c in self.configs}
-        for s in specs:
-            if s.run_id in done:
-                self.done[s.label] += 1
-                self.resolved[s.label] += bool(done[s.run_id].get("resolved"))
+        for r in runs:
+            if r.run_id in done:
+                self.done[r.label] += 1
+                self.resolved[r.label] += bool(done[r.run_id].get("resolved"))
         self.started = time.time()
         self.finished_here = 0
         self.lock = threading.Lock()
@@ -70,9 +71,9 @@ class EvalTable:
         table.caption = caption
         return table
 
-    def __call__(self, event: str, spec: EvalRun, record: dict[str, Any] | None) -> None:
+    def __call__(self, event: str, run: EvalRun, record: dict[str, Any] | None) -> None:
         with self.lock:
-            c = spec.label
+            c = run.label
             if event == "start":
                 self.running[c] += 1
             elif event == "done":
@@ -192,18 +193,6 @@ def write_grid(run_dir: Path, grid: Mapping[str, Any]) -> Path:
 
 
 # ----------------------------------------------------------------------------- checks before the engine
-def local_workdir() -> str:
-    """A repository path like the ones local sandboxes show the model (its tokens enter the prompt):
-    a temp dir named as theirs are (then removed), so it tokenizes like theirs."""
-    import os
-
-    from kvagent.sandbox import owner
-
-    root = owner.make_dir()
-    os.rmdir(root)
-    return os.path.join(root, "repo")
-
-
 def check_images(instances: Sequence[Instance]) -> None:
     """Every instance has its image here; one line naming the missing ones and the build command."""
     from kvagent.evals.images import image_for
@@ -230,23 +219,22 @@ def run_eval(
     dtype: str = "auto",
     console: Console | None = None,
     isolation: str = "bwrap",
+    network: str = "none",
     grid: Mapping[str, Any] | None = None,
-    workers: int | None = None,
     **sweep: Any,
 ) -> dict[str, Any]:
     """`sweep`: `plan_eval`'s settings (dataset ... out, concurrency). `grid`: the command's settings,
-    recorded as OUT/grid.yaml. `workers`: old name of `concurrency`."""
+    recorded as OUT/grid.yaml."""
     from kvagent.cli import environments
     from kvagent.evals.preflight import check_grid
 
     console = console or Console(stderr=True)
-    if workers is not None:
-        sweep["concurrency"] = workers
     if env not in ("docker", "local"):  # before the plan: a typo here should not cost a dataset load
         raise KvagentError(f"env: got {env!r}; choose docker or local")
     if env == "local" and not repos:
         raise KvagentError("eval: --env local needs --repos DIR holding one checkout per instance id")
     environments.check_isolation(isolation)
+    network_on = environments.check_network(network, env)
     plan = plan_eval(console=console, **sweep)
     agent_cfg, selected, runs, run_dir, done, left = (
         plan.agent_config, plan.selected, plan.runs, plan.run_dir, plan.done, plan.left
@@ -257,10 +245,9 @@ def run_eval(
         grader = environments.local_grader(Path(repos), isolation)
         for inst in selected:
             environments.local_repo(Path(repos), inst)
-        workdir = local_workdir()
     else:
-        open_env, grader = environments.docker_env, environments.docker_grader
-        workdir = "/testbed"
+        open_env = functools.partial(environments.docker_env, network=network_on)
+        grader = environments.docker_grader
     if left:
         check_out_dir(run_dir)
         by_id = {i.instance_id: i for i in selected}
@@ -269,7 +256,7 @@ def run_eval(
         console.print(f"loading model {model} ...")
         # One engine; with concurrency N its forwards are shared by up to N episodes at once.
         engine = load_engine(model, device=device, dtype=dtype, max_batch=concurrency)
-        check_grid(engine, left, by_id, agent_cfg, workdir)
+        check_grid(engine, left, by_id, agent_cfg, sandbox_workdir(env))
         if grid is not None:
             write_grid(run_dir, grid)
         table = EvalTable(runs, done, console)
@@ -285,7 +272,7 @@ def run_eval(
             agent_config=agent_cfg,
             grade=grader if grade else None,
             model_name=model,
-            workers=concurrency,
+            concurrency=concurrency,
             on_update=stream.around_runs(table, table.render) if stream else table,
             on_event=stream,  # observations and the end line of the streamed episode
         )

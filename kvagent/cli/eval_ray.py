@@ -39,7 +39,7 @@ class EngineSetup:
 
     def __call__(self) -> EvalRunner:
         from kvagent.cli import environments
-        from kvagent.cli.eval import local_workdir
+        from kvagent.cli.common import sandbox_workdir
         from kvagent.evals.preflight import check_grid
         from kvagent.runtime import Engine
 
@@ -51,8 +51,7 @@ class EngineSetup:
         # Ray sets the actor's CUDA_VISIBLE_DEVICES (its GPU) and OMP threads (its CPUs).
         engine = Engine.load(self.model, device=self.device, dtype=self.dtype, max_batch=self.concurrency)
         # As `kvagent eval` does, before the first run: budgets against prompts, the model's context.
-        workdir = local_workdir() if self.env == "local" else "/testbed"
-        check_grid(engine, self.check, self.instances, self.agent_config, workdir)
+        check_grid(engine, self.check, self.instances, self.agent_config, sandbox_workdir(self.env))
         return EvalRunner(
             run_dir=Path("."), engine=engine, instances=self.instances, open_env=open_env,
             agent_config=self.agent_config, grade=grader if self.grade else None, model_name=self.model,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import wraps
 from typing import Annotated, Any
 
@@ -148,7 +148,35 @@ Scaffold = Annotated[
     str, typer.Option(help="Protocol: kvagent, or r2egym (R2E-Gym's evaluation; docs/deepswe.md).")
 ]
 History = Annotated[
-    str, typer.Option(help="keep-thinking, or drop-thinking (past replies' <think> leave the cache).")
+    str | None,
+    typer.Option(
+        help="keep-thinking; drop-thinking (past replies' <think> leave the cache); r2egym (each past reply "
+        "as R2E-Gym re-renders it: its call). Default: the scaffold's (r2egym under --scaffold r2egym)."
+    ),
+]
+R2EGym = Annotated[
+    str | None,
+    typer.Option(
+        "--r2egym",
+        help="Your checkout of R2E-Gym: its prompt file and the strings its code hard-codes (with --scaffold "
+        "r2egym; docs/deepswe.md).",
+    ),
+]
+PatchRule = Annotated[
+    str | None,
+    typer.Option(
+        help="Graded patch: full (the whole diff) or r2egym (R2E-Gym's: .py files edited with str_replace). "
+        "Default: the scaffold's; both are recorded."
+    ),
+]
+TopP = Annotated[
+    float | None, typer.Option(help="Nucleus sampling. Default: the model's generation_config.json, else 1.")
+]
+TopK = Annotated[
+    int | None, typer.Option(help="Top-k sampling (0 = off). Default: the model's generation_config.json.")
+]
+Network = Annotated[
+    str, typer.Option(help="Docker sandboxes: none, or default (Docker's network, as R2E-Gym's containers).")
 ]
 Split = Annotated[str, typer.Option(help="Dataset split (HF names, folders).")]
 Instances = Annotated[
@@ -157,23 +185,42 @@ Instances = Annotated[
 ]
 
 
-def cache_args(
-    policy, budget, buffer, mode, scope, protect, window, seed, policy_arg, head_budget="uniform"
-) -> dict[str, Any]:
-    return dict(
-        policy=policy, budget=budget, buffer=buffer, mode=mode, scope=scope, protect=protect,
-        window=window, seed=seed, policy_arg=policy_arg, head_budget=head_budget,
-    )  # fmt: skip
+def cache_args(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A command's cache settings out of all its parameters (`ctx.params`): those named as a run's
+    CacheConfig fields (policy, budget, ..., as the command has them), so a field added there and
+    declared as an option here reaches the command without another edit. --policy-arg is apart."""
+    from kvagent.runspec import IDENTITY
+
+    return {k: v for k, v in params.items() if k in IDENTITY}
 
 
-def agent_args(
-    max_steps, max_new_tokens, context_limit, temperature, prompt_style, seed,
-    prompts=None, scaffold="kvagent", history="keep-thinking",
-) -> dict[str, Any]:  # fmt: skip
-    if max_new_tokens is None:  # R2E-Gym sets no per-reply cap: a reply may fill the context
-        max_new_tokens = None if scaffold == "r2egym" else 8192
-    return dict(
-        max_steps=max_steps, max_new_tokens=max_new_tokens, context_limit=context_limit,
-        temperature=temperature, prompt_style=prompt_style, seed=seed,
-        prompts=prompts, scaffold=scaffold, history=history,
-    )  # fmt: skip
+# A command's agent options and the AgentConfig fields they set.
+AGENT_OPTIONS = {
+    "max_steps": "max_steps", "max_new_tokens": "max_new_tokens", "context_limit": "context_limit",
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "prompt_style": "prompt_style",
+    "seed": "seed", "prompts": "prompts", "r2egym": "r2egym_path", "scaffold": "scaffold",
+    "history": "history", "patch_rule": "patch_rule",
+}  # fmt: skip
+LEFT_TO_SCAFFOLD = ("max_new_tokens", "history", "patch_rule")  # None: the scaffold's value
+
+
+def agent_args(params: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
+    """The AgentConfig options out of a command's parameters (`ctx.params`) and `fixed` (values a
+    command does not take as options, e.g. eval's prompt_style). An option left out (None) is the
+    scaffold's (per-reply cap, history, patch rule) or, for top_p / top_k, the model's
+    generation_config.json."""
+    from kvagent.agent.config import BY_SCAFFOLD
+
+    given = {**{k: v for k, v in params.items() if k in AGENT_OPTIONS}, **fixed}
+    out = {AGENT_OPTIONS[k]: v for k, v in given.items()}
+    return {**out, **{k: BY_SCAFFOLD for k in LEFT_TO_SCAFFOLD if out.get(k) is None}}
+
+
+# Local sandboxes: how model-written commands run.
+Isolation = Annotated[
+    str,
+    typer.Option(
+        help="Local sandboxes: bwrap (bubblewrap; refuses to start without it) or none (the model's "
+        "commands run on this host, unisolated). Docker containers are always isolated."
+    ),
+]

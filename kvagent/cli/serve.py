@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import signal
 import socket
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from kvagent.errors import ConfigError, KvagentError
@@ -56,6 +58,20 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def draining_server(config: Any, drain: Callable[[], None]) -> Any:
+    """uvicorn's server, whose shutdown (it has stopped accepting by then) also starts the drain:
+    open requests get --drain-timeout to finish, then end at their next token with finish_reason
+    "abort" (streams still close with [DONE]), so uvicorn's wait for its connections ends cleanly."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            threading.Thread(target=drain, name="kvagent-drain", daemon=True).start()
+            await super().shutdown(sockets=sockets)
+
+    return DrainingServer(config)
+
+
 def run_serve(
     *, model: str, cache: dict[str, Any], max_batch: int, kv_memory: float | None, host: str, port: int,
     max_queue: int, max_sessions: int, drain_timeout: float, served_model_name: str | None, device: str,
@@ -87,9 +103,9 @@ def run_serve(
         drain_timeout=drain_timeout,
     )
     app = create_app(engine, config)
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=drain_timeout, lifespan="on")
-    )
+    # uvicorn's own grace period is a backstop only: the drain ends what runs cleanly before it
+    uv = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=drain_timeout + 10, lifespan="on")
+    server = draining_server(uv, drain=app.state.server.drain)
     budget = f" K={defaults.budget}" if defaults.budget is not None else ""
     print(
         f"kvagent serve: {config.model_name} at http://{host}:{bound}/v1 ({defaults.policy}{budget} "

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from kvagent.agent.loop import EpisodeInterrupted
-from kvagent.cli.common import agent_config, cache_config, check_out_dir, load_engine
+from kvagent.cli.common import agent_config, cache_config, check_out_dir, load_engine, sandbox_workdir
 from kvagent.errors import KvagentError
 from kvagent.fileio import atomic_write_text
 
@@ -55,21 +55,24 @@ def check_image(spec: dict[str, Any]) -> None:
         )
 
 
-def check_before_sandbox(engine: Any, config: Any, prompt_style: Any, issue_text: str = "") -> None:
+def check_before_sandbox(
+    engine: Any, cache_config: Any, agent_config: Any, issue_text: str = "", workdir: str = "/testbed"
+) -> None:
     """Fail on a bad budget for this model, on a protected prompt the budget cannot hold, and on a
-    first prompt longer than --context-limit, before a sandbox is opened."""
-    from kvagent.agent.solve import first_prompt_length
+    first prompt longer than --context-limit, before a sandbox is opened. The first prompt is counted
+    as `kvagent eval` counts it (`first_prompt_tokens`), in a sandbox whose repository is at `workdir`."""
+    from kvagent.agent.solve import first_prompt_tokens
     from kvagent.runtime.budget import check_prompt_fits
 
-    engine.session(config)
-    length = first_prompt_length(engine.tokenizer, issue_text, prompt_style)
-    limit = getattr(prompt_style, "context_limit", None)
-    if limit is not None and length >= limit:
+    engine.session(cache_config)
+    length = first_prompt_tokens(engine.tokenizer, issue_text, agent_config, workdir)
+    limit = agent_config.context_limit
+    if length >= limit:
         raise KvagentError(
             f"context-limit: {limit} tokens, but the first prompt is {length} tokens; use --context-limit "
             f"above {length}"
         )
-    check_prompt_fits(config, length, engine.n_layers)
+    check_prompt_fits(cache_config, length, engine.n_layers)
 
 
 def run_solve(
@@ -85,6 +88,7 @@ def run_solve(
     dtype: str = "auto",
     console: Console | None = None,
     isolation: str = "bwrap",
+    network: str = "none",
 ) -> Any:
     from kvagent.agent.solve import solve_episode
     from kvagent.cli import environments
@@ -94,12 +98,14 @@ def run_solve(
     issue_text = read_issue(issue)
     cfg, agent_cfg = cache_config(**cache), agent_config(**agent)
     console = console or Console(stderr=True)
-    spec = environments.with_isolation(sandbox_spec(repo, image), isolation)
+    spec = environments.with_network(
+        environments.with_isolation(sandbox_spec(repo, image), isolation), network
+    )
     check_image(spec)
     out_dir = check_out_dir(out or f"runs/solve-{time.strftime('%Y%m%d-%H%M%S')}")
     console.print(f"loading model {model} ...")
     engine = load_engine(model, device=device, dtype=dtype)
-    check_before_sandbox(engine, cfg, agent_cfg, issue_text)  # the config: its profile's prompts
+    check_before_sandbox(engine, cfg, agent_cfg, issue_text, sandbox_workdir(spec["backend"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     trajectory = out_dir / "episode.traj.json"
     stream = EpisodeStream(console, agent_cfg.max_steps)

@@ -117,7 +117,7 @@ def write_run_files(run_dir: Path, files: Mapping[str, bytes]) -> None:
 
 
 class RayExecutor:
-    """`EvalRunner.run(specs, execute=RayExecutor(...))`: runs the episodes on `engines` Ray actors,
+    """`EvalRunner.run(runs, execute=RayExecutor(...))`: runs the episodes on `engines` Ray actors,
     `concurrency` at a time on each, and yields (run, record) as each finishes. Ray must already be
     initialised (`ray.init`); the actors are killed when the batch ends, also on Ctrl-C.
 

@@ -166,7 +166,8 @@ def _grade_in(
             details["error"] = error
             return
         broken = verdict["could_not_run"]
-        if broken and patch.strip() != instance.patch.strip():
+        # A record without a gold patch has no control: what the log says stands.
+        if broken and instance.patch.strip() and patch.strip() != instance.patch.strip():
             broken = _gold_control(target, instance, timeout, log_dir / "gold_control_output.txt")
             details["gold_control"] = "tests cannot run" if broken else "tests run"
     details["tests_status"] = verdict.get("tests_status")

@@ -21,9 +21,12 @@ from kvagent.fileio import cache_dir
 
 
 def wheel_platforms(glibc: str) -> tuple[str, ...]:
-    """pip's --platform tags for an x86_64 image with that glibc (`2_31`: bullseye); pip widens a
-    manylinux_2_X tag to every older manylinux one."""
-    return (f"manylinux_{glibc}_x86_64", "linux_x86_64")
+    """pip's --platform tags for an x86_64 image with that glibc (`2_31`: bullseye): every manylinux
+    tag up to it, newest first, with the legacy aliases (pip does not widen a --platform tag, and
+    most wheels of older releases are manylinux2014 = 2_17)."""
+    major, minor = (int(x) for x in glibc.split("_"))
+    tags = [f"manylinux_{major}_{m}_x86_64" for m in range(minor, 4, -1)]
+    return (*tags, "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64")
 
 
 Log = Callable[[str], None]
@@ -146,6 +149,12 @@ def download_wheels(
         cmd += ["--platform", plat]
     try:
         _run(cmd + list(requirements), "pip download of the pinned wheels")
+        for _ in range(10):  # each round adds what the last one's wheels need on the image
+            unmet = unmet_for_target(dest, python)
+            if not unmet:
+                return
+            log(f"downloading what the image's Python needs beside: {' '.join(unmet)}")
+            _run(cmd + unmet, "pip download of the image's own dependencies")
         return
     except KvagentError as strict_error:
         host_matches = (
@@ -160,3 +169,57 @@ def download_wheels(
     log("no wheel for some pins; downloading sdists for them")
     native = [sys.executable, "-m", "pip", "download", "-q", "-d", str(dest), "--prefer-binary"]
     _run(native + list(requirements), "pip download of the pinned requirements")
+
+
+def _target_markers(python: str) -> dict[str, str]:
+    """PEP 508 marker values of an image's CPython on x86_64 Linux."""
+    return {
+        "python_version": python,
+        "python_full_version": f"{python}.0",
+        "implementation_name": "cpython",
+        "implementation_version": f"{python}.0",
+        "platform_python_implementation": "CPython",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+        "extra": "",
+    }
+
+
+def unmet_for_target(wheelhouse: Path, python: str) -> list[str]:
+    """Requirements of the wheels in `wheelhouse` that hold on the image's Python but have no
+    distribution there. pip evaluates markers for the host even with --python-version, so on a 3.11
+    host it skips what 3.9 needs (pytest's `exceptiongroup; python_version < "3.11"`)."""
+    from email.parser import BytesHeaderParser
+
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+
+    have, wheels = set(), []
+    for f in wheelhouse.iterdir():
+        try:
+            if f.name.endswith(".whl"):
+                have.add(parse_wheel_filename(f.name)[0])
+                wheels.append(f)
+            elif f.name.endswith((".tar.gz", ".zip")):
+                have.add(parse_sdist_filename(f.name)[0])
+        except ValueError:  # not a distribution (requirements.txt)
+            continue
+    env = _target_markers(python)
+    unmet: dict[str, str] = {}
+    for whl in sorted(wheels):
+        with zipfile.ZipFile(whl) as z:
+            meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
+            headers = BytesHeaderParser().parsebytes(z.read(meta)) if meta else None
+        for line in (headers.get_all("Requires-Dist") or []) if headers else []:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+            name = canonicalize_name(req.name)
+            if name not in have:
+                unmet.setdefault(name, f"{req.name}{req.specifier}")
+    return sorted(unmet.values())

@@ -9,38 +9,10 @@ from dataclasses import replace
 from typing import Any
 
 from kvagent.agent.config import AgentConfig
+from kvagent.agent.solve import first_prompt_tokens
 from kvagent.errors import ConfigError
 from kvagent.evals.datasets import Instance
 from kvagent.evals.runner import EvalRun
-
-
-class _PromptProbe:
-    """A session that only keeps what the agent feeds it first: the episode's rendered prompt."""
-
-    logical_length = 0
-    stats = None
-
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-
-    def append(self, ids: Sequence[int]) -> None:
-        self.ids = list(ids)
-
-
-class _Workdir:
-    def __init__(self, workdir: str) -> None:
-        self.workdir = workdir
-
-
-def first_prompt_tokens(tokenizer: Any, issue_text: str, config: AgentConfig, workdir: str) -> int:
-    """Tokens of the first prompt exactly as the agent renders it in a sandbox whose repository is at
-    `workdir` (system prompt, instance prompt naming that path, step notice)."""
-    from kvagent.agent.loop import Agent
-
-    probe = _PromptProbe()
-    # No context limit here: the caller compares the length with it and says by how much it misses.
-    Agent(probe, _Workdir(workdir), tokenizer, replace(config, context_limit=1 << 62)).start(issue_text)
-    return len(probe.ids)
 
 
 def check_sampling(agent_config: AgentConfig, runs: Sequence[EvalRun]) -> None:

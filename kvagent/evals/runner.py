@@ -225,6 +225,9 @@ class EvalRunner:
             "model": self.model_name,
             "scaffold": self.agent_config.scaffold,  # protocol profile (docs/deepswe.md)
             "history": self.agent_config.history,
+            "patch_rule": result.graded_patch if result is not None else self.agent_config.patch_rule,
+            # the sampling used and where each value came from (a flag, the model's generation config)
+            "sampling": (result.config if result is not None else self.agent_config).sampling_record(),
             "exit_status": result.exit_status if result is not None else "error",
             "error": error or (result.error if result is not None else None) or grading.get("error"),
             "infra_error": crashed or grade_infra,

@@ -1,8 +1,9 @@
 """Statistics over finished runs: Resolved / Pass@1 per configuration, paired clustered bootstrap CIs,
 exact sign tests between policies, and mean cost figures.
 
-A configuration is (policy, mode, budget): a `RunSpec` without its seed. An instance's score under a configuration is the mean of its
-`resolved` over seeds; Pass@1 is the mean of those scores over instances. Uncertainty comes from the
+A configuration is what a run's label names (policy, mode, budget, and any other setting that differs
+from its default), `RunSpec.configuration`: not the seed. An instance's score under a configuration
+is the mean of its `resolved` over seeds; Pass@1 is the mean of those scores over instances. Uncertainty comes from the
 instances (the clusters): every bootstrap replicate draws one multiset of instances and evaluates all
 configurations on it, so differences between configurations are paired.
 """
@@ -45,13 +46,9 @@ def settle(runs: Iterable[Mapping[str, Any]], key: Any) -> dict[Any, dict[str, A
 
 
 def config_of(run: Mapping[str, Any]) -> RunSpec:
-    """The configuration a run record belongs to (a float budget that is a whole number is tokens)."""
-    budget = run["budget"]
-    if isinstance(budget, float) and budget.is_integer():
-        budget = int(budget)
-    # scope, protect and head budget: recorded since they could vary; older records used the defaults
-    variant = {k: str(run[k]) for k in ("scope", "protect", "head_budget") if run.get(k) is not None}
-    return RunSpec(str(run["policy"]), str(run["mode"]), budget=budget, **variant)
+    """The configuration a run record belongs to: its spec less what the label leaves out (the seed
+    above all); fields the record lacks (written before they were recorded) have their defaults."""
+    return RunSpec.from_record(run).configuration
 
 
 def policy_name(cfg: RunSpec) -> str:

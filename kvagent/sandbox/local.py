@@ -140,6 +140,8 @@ class LocalSandbox(Sandbox):
         path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
         if self.bwrap:
             path = mounts.visible_path(path, [*mounts.interpreter_prefixes(), *self.bind, *self.bind_rw])
+        elif self.scripted:  # `python` is the tools' one, as under bwrap: the script's output is the same
+            path = os.pathsep.join([os.path.dirname(sys.executable), path])
         env = {
             "PATH": path,
             "HOME": os.path.join(self.root, "home"),

@@ -39,7 +39,7 @@ class ServeConfig:
     kv_memory: int | None = None  # bytes of KV that idle sessions may hold together
     max_queue: int = 64  # requests admitted beyond those running
     max_sessions: int = 1024
-    drain_timeout: float = 30.0  # seconds in-flight requests get at shutdown
+    drain_timeout: float = 30.0  # seconds in-flight requests get at shutdown (Server.drain)
 
 
 def error_response(e: Exception) -> JSONResponse:
@@ -69,6 +69,10 @@ class Server:
         self.metrics = Metrics(self.state)
         self.created = int(time.time())
 
+    def drain(self) -> None:
+        """Stop admitting; in-flight requests get the drain timeout, then end at their next token."""
+        self.runner.drain(self.config.drain_timeout)
+
     def state(self) -> dict[str, Any]:
         sched = self.engine.scheduler
         return {
@@ -93,8 +97,8 @@ class Server:
             )
         config = request_config(self.config.defaults, req.kv)
         prompt = await run_in_threadpool(render.prompt_ids, self.engine.tokenizer, req)
-        spec = self._spec(req, len(prompt))
-        job = Job(prompt, config, spec, req.stream, asyncio.get_running_loop())
+        spec = self._spec(req, len(prompt.ids))
+        job = Job(prompt.ids, prompt.first, config, spec, req.stream, asyncio.get_running_loop())
         try:
             self.runner.submit(job)
         except Busy as e:

@@ -9,8 +9,10 @@ stream and the prompt part where the newest reply begins. The session rewinds to
 client's version. A divergence before the newest reply (a client that rewrote older turns or
 forked the conversation) is rewound the same way, exact in positions, and counted apart
 ("deeper"): what eviction rounds dropped while the rewound tokens were in the cache stays dropped
-(persistent mode: eviction is irreversible). A divergence inside the first prompt cannot be
-rewound (rewind never reaches into the first append): the request starts a new session.
+(persistent mode: eviction is irreversible). A divergence inside the first append cannot be
+rewound (Session.rewind never reaches into it): the request starts a new session. That is why a
+chat session's first append stops before the generation prompt (render.Prompt.first): a client
+that drops the reply it got and adds a turn, or asks the first turn again, still continues.
 
 A session serves one request at a time; a request for a conversation that is busy starts a new
 one. Idle sessions are dropped least recently used when their KV bytes exceed the memory limit
@@ -55,7 +57,7 @@ class Conversation:
     config: CacheConfig
     first: int  # tokens of the first append: never rewound
     prefix: list[int]  # those tokens (to recognise the conversation while it is busy)
-    reply_start: int = 0  # where the newest reply begins in the stream
+    reply_start: int = 0  # where the newest reply (and the generation prompt before it) begins
     last_used: float = field(default_factory=time.monotonic)
     busy: bool = True
     kv_bytes: int = 0
@@ -88,9 +90,10 @@ class Conversations:
         self.started = Counter()  # reason -> sessions started
 
     # ----------------------------------------------------------------- leases
-    def lease(self, prompt: list[int], config: CacheConfig) -> Plan:
-        """The conversation this prompt continues (rewind and keep set), or a new one; either way
-        held for this request until `release`."""
+    def lease(self, prompt: list[int], config: CacheConfig, first: int | None = None) -> Plan:
+        """The conversation this prompt continues (rewind and keep set), or a new one whose first
+        append will be `prompt[:first]` (default: all of it); either way held for this request
+        until `release`."""
         with self._lock:
             plan = self._match(prompt, config)
             if plan.status == "continued":
@@ -100,7 +103,8 @@ class Conversations:
             session = self.engine.session(config)
         except ConfigError as e:
             raise RequestError(request_spelling(str(e))) from None
-        conv = Conversation(f"s{next(self._ids)}", session, config, len(prompt), list(prompt))
+        first = len(prompt) if first is None else first
+        conv = Conversation(f"s{next(self._ids)}", session, config, first, list(prompt[:first]))
         plan.conv = conv
         with self._lock:
             self._live[conv.id] = conv

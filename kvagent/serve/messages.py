@@ -10,7 +10,8 @@ import json
 from typing import Any
 
 from kvagent.serve.errors import RequestError
-from kvagent.serve.protocol import ROLES
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def _content(where: str, content: Any, role: str) -> str:

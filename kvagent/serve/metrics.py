@@ -122,8 +122,8 @@ class _StateCollector:
         started = CounterMetricFamily(
             "kvagent_sessions_started",
             "Sessions started, by why no live one was continued: new, busy (it was serving another "
-            "request), dropped (it had been dropped for memory), diverged (the prompt left it inside its "
-            "first prompt).",
+            "request), dropped (it had been dropped for memory), diverged (the prompt was its "
+            "whole first append, e.g. a completion prompt again: nothing to rewind to).",
             labels=["reason"],
         )
         for reason in START_REASONS:

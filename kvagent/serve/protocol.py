@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvagent.serve.errors import RequestError
+from kvagent.serve.messages import check_messages, check_tools
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
 KV_FIELDS = (
     "kv_policy", "kv_budget", "kv_buffer", "kv_mode", "kv_scope", "kv_protect", "kv_window", "kv_seed",
     "kv_policy_args", "kv_head_budget",
@@ -233,8 +233,6 @@ def _finish(req: GenRequest, body: dict[str, Any]) -> GenRequest:
 
 
 def parse_chat(raw: bytes) -> GenRequest:
-    from kvagent.serve.messages import check_messages, check_tools
-
     body = _loads(raw)
     _unknown(body, {"model", "messages", "tools", "tool_choice", *COMMON, *CHAT_ONLY, *KV_FIELDS})
     req = GenRequest(endpoint="chat", model=_model(body))

@@ -6,6 +6,7 @@ would see."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from kvagent.serve.errors import RequestError
@@ -29,7 +30,7 @@ def takes_tools(tokenizer: Any) -> bool:
     return "tools" in src and "tool_calls" in src
 
 
-def chat_text(tokenizer: Any, req: GenRequest) -> str:
+def chat_text(tokenizer: Any, req: GenRequest, generation_prompt: bool = True) -> str:
     if not template_source(tokenizer):
         raise RequestError("messages: this model has no chat template; send raw text to /v1/completions")
     tools = req.tools if req.tool_choice != "none" else None
@@ -43,8 +44,9 @@ def chat_text(tokenizer: Any, req: GenRequest) -> str:
         )
     try:
         return tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False, **req.chat_template_kwargs
-        )
+            messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=False,
+            **req.chat_template_kwargs,
+        )  # fmt: skip
     except Exception as e:  # jinja's TemplateError (raise_exception), or a type the template cannot add
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise RequestError(
@@ -53,7 +55,34 @@ def chat_text(tokenizer: Any, req: GenRequest) -> str:
         ) from None
 
 
-def prompt_ids(tokenizer: Any, req: GenRequest) -> list[int]:
+@dataclass
+class Prompt:
+    ids: list[int]
+    # Where the chat's generation prompt (`<|im_start|>assistant\n`) begins; all of a completion
+    # prompt. A NEW session takes ids[:first] as its first append (never rewound, protected under
+    # protect=prompt), so a client that drops the reply it got (mini-swe-agent does after a format
+    # error) and adds a turn still continues the session; and the reply a later request may
+    # re-render differently counts from here.
+    first: int
+
+
+def _chat_first(tokenizer: Any, req: GenRequest, text: str, ids: list[int]) -> int:
+    """Where the chat's generation prompt starts, in tokens (the whole prompt where the cut does
+    not fall on a token boundary, or the template renders the turns differently without it)."""
+    if not (req.messages and req.messages[-1]["role"] != "assistant"):
+        return len(ids)
+    try:
+        head = chat_text(tokenizer, req, generation_prompt=False)
+    except RequestError:
+        return len(ids)
+    head_ids = tokenizer.encode(head, add_special_tokens=False)
+    n = len(head_ids)
+    if not text.startswith(head) or not 0 < n < len(ids) or ids[:n] != head_ids:
+        return len(ids)
+    return n
+
+
+def prompt_ids(tokenizer: Any, req: GenRequest) -> Prompt:
     if req.endpoint == "chat":
         text = chat_text(tokenizer, req)
     elif isinstance(req.prompt, str):
@@ -66,8 +95,8 @@ def prompt_ids(tokenizer: Any, req: GenRequest) -> list[int]:
             raise RequestError(
                 f"prompt: token id {bad} is outside the vocabulary (size {vocab})", param="prompt"
             )
-        return ids
+        return Prompt(ids, len(ids))
     ids = tokenizer.encode(text, add_special_tokens=False)
     if not ids:
         raise RequestError("prompt: renders to no tokens; send some text", param="prompt")
-    return ids
+    return Prompt(ids, _chat_first(tokenizer, req, text, ids) if req.endpoint == "chat" else len(ids))

@@ -31,6 +31,7 @@ class Event:
 @dataclass(eq=False)
 class Job:
     prompt: list[int]
+    first: int  # a new session's first append: prompt[:first] (render.Prompt)
     config: CacheConfig
     spec: DecodeSpec
     stream: bool
@@ -60,7 +61,7 @@ def _counts(stats) -> dict[str, int]:
 
 def serve_job(engine: Any, conversations: Conversations, job: Job) -> Outcome:
     """Continue (or start) the prompt's conversation and sample its reply."""
-    plan = conversations.lease(job.prompt, job.config)
+    plan = conversations.lease(job.prompt, job.config, job.first)
     conv = plan.conv
     session = conv.session
     healthy = False
@@ -68,8 +69,12 @@ def serve_job(engine: Any, conversations: Conversations, job: Job) -> Outcome:
         before = _counts(session.stats)
         if plan.rewind:
             session.rewind(plan.rewind)
-        logits = session.append(job.prompt[plan.keep :])
-        conv.reply_start = session.logical_length
+        if plan.status == "new" and conv.first < len(job.prompt):
+            session.append(job.prompt[: conv.first])
+            logits = session.append(job.prompt[conv.first :])
+        else:
+            logits = session.append(job.prompt[plan.keep :])
+        conv.reply_start = job.first  # the newest reply, with the generation prompt before it
         job.emit("started", plan)
         on_text = (lambda text: job.emit("text", text)) if job.stream else None
         decoded = decode(

@@ -54,7 +54,7 @@ def prompts(tmp_path):
 def episode(tiny, cache, prompts):
     session = tiny.session(cache)
     forced = ForcedSession(session, tiny.tokenizer, REPLIES)
-    config = AgentConfig.r2egym(prompts=prompts, history="drop-thinking")
+    config = AgentConfig(scaffold="r2egym", prompts=prompts, history="drop-thinking")
     with trace(session) as records:
         result = run_episode(forced, Env(), "x.py crashes", config, tokenizer=tiny.tokenizer)
     assert result.exit_status == "submitted", result.error

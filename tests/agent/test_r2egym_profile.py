@@ -70,7 +70,7 @@ def prompts(tmp_path):
 
 
 def r2e(prompts=None, **kw):
-    return AgentConfig.r2egym(prompts=prompts, history=kw.pop("history", "keep-thinking"), **kw)
+    return AgentConfig(scaffold="r2egym", prompts=prompts, history=kw.pop("history", "keep-thinking"), **kw)
 
 
 # ------------------------------------------------------------------------------------- parsing

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from kvagent.bench.fidelity import make_grid, record_key
 from kvagent.bench.tables import fidelity_markdown, fidelity_rows
 from kvagent.cli import app
+from kvagent.errors import ConfigError
 
 
 def test_the_grid_adds_adaptive_runs_only_where_a_policy_supports_them():
     grid = make_grid(["random", "snapkv", "tova"], ["persistent"], ["prefill+decode"], [256], ["sink"],
-                     head_budgets=("uniform", "adaptive"), policy_args={"tova": {"shared": False}})  # fmt: skip
+                     axes={"head_budget": ("uniform", "adaptive")}, policy_args={"tova": {"shared": False}})  # fmt: skip
     got = {(s.policy, s.head_budget) for s in grid}
     assert got == {
         ("full", "uniform"),
@@ -24,11 +26,12 @@ def test_the_grid_adds_adaptive_runs_only_where_a_policy_supports_them():
         ("snapkv", "adaptive"),
         ("tova", "adaptive"),
     }
-    # tova shares one keep-set per layer by default: no adaptive run without shared=false.
-    plain = make_grid(
-        ["tova"], ["persistent"], ["prefill+decode"], [256], ["sink"], head_budgets=("adaptive",)
-    )
-    assert [s.policy for s in plain] == ["full"]
+    # tova shares one keep-set per layer by default: no adaptive run without shared=false, and a
+    # value no policy takes fails with the policy's own reason.
+    with pytest.raises(ConfigError, match="^head_budget: adaptive needs one keep-set per head, but tova"):
+        make_grid(
+            ["tova"], ["persistent"], ["prefill+decode"], [256], ["sink"], axes={"head_budget": ("adaptive",)}
+        )
 
 
 def test_records_of_the_two_head_budgets_never_share_a_key():

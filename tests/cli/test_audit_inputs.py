@@ -186,9 +186,9 @@ def test_study_options_name_themselves(no_model, args, needles):
 def test_study_takes_concurrency_as_eval_does_and_workers_still_works(no_model, monkeypatch):
     seen = {}
     monkeypatch.setattr("kvagent.cli.bench.run_study_bench", lambda **kw: seen.update(kw))
-    assert invoke(["bench", "study", "--concurrency", "3"]).exit_code == 0 and seen["workers"] == 3
+    assert invoke(["bench", "study", "--concurrency", "3"]).exit_code == 0 and seen["concurrency"] == 3
     r = invoke(["bench", "study", "--workers", "2"])
-    assert r.exit_code == 0 and seen["workers"] == 2 and "--workers is deprecated" in r.stderr
+    assert r.exit_code == 0 and seen["concurrency"] == 2 and "--workers is deprecated" in r.stderr
     assert "--workers" not in invoke(["bench", "study", "--help"]).stdout
 
 

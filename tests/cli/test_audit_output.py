@@ -109,14 +109,14 @@ def test_markdown_reports_are_tables_on_a_terminal_and_markdown_when_piped():
 # ------------------------------------------------------------------------------------ whole paths
 def test_solve_keeps_the_paths_of_its_results_on_one_line(scripted, repo, tmp_path):
     from kvagent.cli import solve
-    from kvagent.cli.params import agent_args, cache_args
+    from kvagent.cli.params import agent_args
 
     console = Console(file=io.StringIO(), width=40, color_system=None)
     out = tmp_path / "a-results-directory-with-a-long-name"
     solve.run_solve(
         issue="add subtracts", repo=str(repo), image=None, model="scripted", out=str(out), console=console,
-        cache=cache_args("full", None, 32, "persistent", "prefill+decode", "prompt", 16, 0, None),
-        agent=agent_args(3, 64, 8192, 0.0, "repo_first", 0), isolation="none",
+        cache={"policy": "full", "budget": None, "buffer": 32},
+        agent=agent_args(dict(max_steps=3, max_new_tokens=64, context_limit=8192, temperature=0.0)), isolation="none",
     )  # fmt: skip
     assert f"trajectory: {out / 'episode.traj.json'}; patch: {out / 'patch.diff'}" in console.file.getvalue()
 

@@ -14,4 +14,4 @@ def test_demo_on_smollm2_reduced(tmp_path, capsys):
     by = {(r["policy"], r["mode"]): r for r in records}
     assert by[("full", "persistent")]["kl"] == 0.0
     assert by[("random", "persistent")]["rounds"] > 0
-    assert (tmp_path / "fidelity.png").exists() and (tmp_path / "fidelity.md").exists()
+    assert (tmp_path / "demo.png").exists() and (tmp_path / "fidelity.md").exists()

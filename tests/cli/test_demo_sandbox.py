@@ -14,16 +14,16 @@ from kvagent.sandbox import SandboxError, open_sandbox
 from kvagent.sandbox import local as local_backend
 
 
-def _path_without(tmp_path: Path, name: str) -> str:
-    """A PATH of one directory holding links to every program on today's PATH except `name`."""
-    bin_dir = tmp_path / f"path-without-{name}"
+def _path_without(tmp_path: Path, *names: str) -> str:
+    """A PATH of one directory holding links to every program on today's PATH except `names`."""
+    bin_dir = tmp_path / f"path-without-{'-'.join(names)}"
     bin_dir.mkdir()
     for d in os.environ["PATH"].split(os.pathsep):
         if not os.path.isdir(d):
             continue
         for entry in os.scandir(d):
             link = bin_dir / entry.name
-            if entry.name != name and not link.exists() and not link.is_symlink():
+            if entry.name not in names and not link.exists() and not link.is_symlink():
                 link.symlink_to(entry.path)
     return str(bin_dir)
 
@@ -31,8 +31,9 @@ def _path_without(tmp_path: Path, name: str) -> str:
 def test_demo_completes_and_writes_its_table_where_bubblewrap_is_missing(tmp_path, monkeypatch, capsys):
     from kvagent.cli.demo import run_demo
 
-    monkeypatch.setenv("PATH", _path_without(tmp_path, "bwrap"))
-    assert shutil.which("bwrap") is None
+    # A fresh Debian: no bubblewrap, and python3 but no `python` (the episode's calls run `python`).
+    monkeypatch.setenv("PATH", _path_without(tmp_path, "bwrap", "python"))
+    assert shutil.which("bwrap") is None and shutil.which("python") is None
     out = tmp_path / "out"
     records = run_demo(
         model="tiny-random-qwen3", out=str(out), budget=512, turns=10, progress=False, policies=("random",)
@@ -42,6 +43,23 @@ def test_demo_completes_and_writes_its_table_where_bubblewrap_is_missing(tmp_pat
     assert "Fidelity vs the full cache" in printed
     assert {(r["policy"], r["mode"]) for r in records} >= {("full", "persistent"), ("random", "reprefill")}
     assert "| random | persistent |" in (out / "fidelity.md").read_text()
+
+
+def test_the_generated_episode_reads_the_same_without_bubblewrap_or_a_python_on_path(tmp_path, monkeypatch):
+    from kvagent.bench.generator import generate_episode
+    from kvagent.cli.environments import scripted_sandbox
+
+    def episode() -> list[dict]:
+        return generate_episode(seed=0, turns=12, prompt="compact", open_env=scripted_sandbox).messages
+
+    under_bwrap = episode() if shutil.which("bwrap") else None
+    monkeypatch.setenv("PATH", _path_without(tmp_path, "bwrap", "python"))
+    messages = episode()
+    text = "\n".join(m["content"] for m in messages)
+    assert "1h30m 1800 WRONG (expected 5400)" in text and "1h30m 5400 OK" in text and "Ran 7 tests" in text
+    assert "command not found" not in text
+    if under_bwrap is not None:  # where bubblewrap is installed (make test installs it): token for token
+        assert messages == under_bwrap
 
 
 def _bwrap_that_cannot_start(tmp_path: Path, monkeypatch) -> None:

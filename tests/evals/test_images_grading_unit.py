@@ -222,3 +222,41 @@ def test_official_harness_rejects_a_missing_predictions_file(tmp_path):
 
     with pytest.raises(KvagentError, match="predictions file .* not found"):
         run_official_harness(str(tmp_path / "nope.jsonl"), "x.jsonl", None, tmp_path)
+
+
+def _wheel(dest, name, version, requires=()):
+    import zipfile
+
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
+    with zipfile.ZipFile(dest / f"{name}-{version}-py3-none-any.whl", "w") as z:
+        z.writestr(f"{name}-{version}.dist-info/METADATA", meta)
+
+
+def test_wheelhouse_gets_what_the_images_python_needs_not_the_hosts(tmp_path):
+    """pip evaluates markers for the host even with --python-version: on a 3.11 host it leaves out
+    pytest's `exceptiongroup; python_version < "3.11"`, which a 3.9 image then cannot install."""
+    from kvagent.evals.image_context import unmet_for_target
+
+    _wheel(tmp_path, "pytest", "7.4.4", [
+        "iniconfig", 'exceptiongroup>=1.0.0rc8; python_version < "3.11"', 'tomli>=1.0.0; python_version < "3.11"',
+        'colorama; sys_platform == "win32"', 'xmlschema; extra == "testing"',
+    ])  # fmt: skip
+    _wheel(tmp_path, "iniconfig", "2.0.0")
+    (tmp_path / "requirements.txt").write_text("pytest==7.4.4\n")
+    assert unmet_for_target(tmp_path, "3.9") == ["exceptiongroup>=1.0.0rc8", "tomli>=1.0.0"]
+    assert unmet_for_target(tmp_path, "3.11") == []
+    _wheel(tmp_path, "tomli", "2.0.1")
+    assert unmet_for_target(tmp_path, "3.9") == ["exceptiongroup>=1.0.0rc8"]
+
+
+def test_wheel_platforms_reach_back_to_manylinux2014():
+    """pip takes --platform tags literally: bullseye's list must name every older manylinux tag, or
+    MarkupSafe 2.1.3 (manylinux_2_17 only) is 'not found' for Python 3.9."""
+    from kvagent.evals.image_context import wheel_platforms
+
+    tags = wheel_platforms("2_31")
+    assert tags[0] == "manylinux_2_31_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert {"manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"} <= set(tags)
+    assert "manylinux_2_36_x86_64" not in tags  # bookworm's glibc is newer than bullseye's

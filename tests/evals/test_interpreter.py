@@ -102,3 +102,45 @@ def test_no_shipped_recipe_pins_a_python():
     from kvagent.evals.recipe import load_recipes
 
     assert {iid: r.python for iid, r in load_recipes().items() if r.python} == {}
+
+
+def test_a_django_4x_image_is_built_on_bullseye_for_python_39(tmp_path, monkeypatch):
+    """The build takes the spec's Python (Django 4.2-dev: 3.9): bullseye's base, wheels for cp39 on
+    glibc 2.31, the labels the run's note is read from. Docker and the network are stood in for."""
+    from pathlib import Path
+
+    import kvagent.evals.images as images
+    from kvagent.evals.datasets import load_instances
+
+    (inst,) = load_instances(
+        Path(__file__).parent / "data" / "harness_instances.jsonl", select="django__django-15851"
+    )
+    seen = {}
+
+    def fake_sdist(requirement, log):
+        src = tmp_path / "Django-4.1"
+        (src / "tests").mkdir(parents=True, exist_ok=True)
+        (src / "setup.cfg").write_text("[options]\npython_requires = >=3.8\n")
+        import tarfile
+
+        with tarfile.open(tmp_path / "Django-4.1.tar.gz", "w:gz") as t:
+            t.add(src, arcname="Django-4.1")
+        return tmp_path / "Django-4.1.tar.gz"
+
+    monkeypatch.setattr(images, "fetch_sdist", fake_sdist)
+    monkeypatch.setattr(images, "image_labels", lambda tag, client=None: None)
+    monkeypatch.setattr(images, "ensure_base_image", lambda tag, log, client: seen.setdefault("base", tag))
+    monkeypatch.setattr(
+        images,
+        "download_wheels",
+        lambda reqs, dest, python, glibc, log: seen.update(python=python, glibc=glibc),
+    )
+    monkeypatch.setattr(
+        images,
+        "build_image",
+        lambda ctx, tag, log_path, client: seen.update(dockerfile=(Path(ctx) / "Dockerfile").read_text()),
+    )
+    images.build_instance_image(inst)
+    assert seen["base"] == "kvagent/base:bullseye" and (seen["python"], seen["glibc"]) == ("3.9", "2_31")
+    assert seen["dockerfile"].startswith("FROM kvagent/base:bullseye\n")
+    assert f'{LABEL_PYTHON}="3.9" {LABEL_SPEC_PYTHON}="3.9"' in seen["dockerfile"]

@@ -6,9 +6,10 @@ import pytest
 
 from kvagent.agent import AgentConfig
 from kvagent.agent.loop import run_episode
+from kvagent.agent.solve import first_prompt_tokens
 from kvagent.errors import ConfigError
 from kvagent.evals.datasets import Instance
-from kvagent.evals.preflight import check_grid, first_prompt_tokens
+from kvagent.evals.preflight import check_grid
 from kvagent.evals.runner import plan_runs
 from kvagent.runtime import CacheConfig
 from kvagent.runtime.budget import prompt_fit_problem

@@ -163,11 +163,11 @@ def test_kvagent_eval_cli_with_tiny_model_and_local_sandboxes(tmp_path, fixture_
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "budget" in bad.stderr
 
 
-def test_parallel_workers_record_every_run_once(tmp_path, fixture_instance, qwen3_tokenizer):
+def test_concurrent_episodes_record_every_run_once(tmp_path, fixture_instance, qwen3_tokenizer):
     inst, repos = fixture_instance
     specs = plan_runs([inst.instance_id], ["random", "streaming"], ["persistent", "reprefill"], [64], [0])
     runner = make_runner(tmp_path / "run", DyingEngine(qwen3_tokenizer), inst, repos)
-    runner.workers = 2
+    runner.concurrency = 2
     records = runner.run(specs)
     assert sorted(r["run_id"] for r in records) == sorted(s.run_id for s in specs)
     lines = (tmp_path / "run" / RUNS_FILE).read_text().splitlines()

@@ -31,10 +31,10 @@ def checkouts(tmp_path):
     return instances, repos
 
 
-def runner(run_dir, engine, instances, open_env, grade=None, workers=1):
+def runner(run_dir, engine, instances, open_env, grade=None, concurrency=1):
     return EvalRunner(
         run_dir=run_dir, engine=engine, instances=instances, open_env=open_env, grade=grade,
-        agent_config=AgentConfig(max_steps=2), model_name="scripted", workers=workers,
+        agent_config=AgentConfig(max_steps=2), model_name="scripted", concurrency=concurrency,
     )  # fmt: skip
 
 
@@ -143,12 +143,12 @@ def test_concurrent_episodes_killed_and_rerun_lose_and_duplicate_nothing(
     run_dir = tmp_path / "run"
     env = local_env(repos, "none")
     with pytest.raises(KeyboardInterrupt):
-        runner(run_dir, KilledEngine(qwen3_tokenizer, die_at=7), instances, env, workers=4).run(specs)
+        runner(run_dir, KilledEngine(qwen3_tokenizer, die_at=7), instances, env, concurrency=4).run(specs)
     first = load_records(run_dir)
     assert 0 < len(first) < 12
 
     engine = KilledEngine(qwen3_tokenizer)
-    records = runner(run_dir, engine, instances, env, workers=4).run(specs)
+    records = runner(run_dir, engine, instances, env, concurrency=4).run(specs)
     assert engine.sessions == 12 - len(first)  # only what was not recorded is redone
     ids = [json.loads(x)["run_id"] for x in (run_dir / RUNS_FILE).read_text().splitlines()]
     assert sorted(ids) == sorted(s.run_id for s in specs)  # every run exactly once

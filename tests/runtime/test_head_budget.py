@@ -163,9 +163,14 @@ def test_cli_threads_head_budget_into_the_cache_config():
     from kvagent.cli.common import cache_config
     from kvagent.cli.params import cache_args
 
-    args = cache_args("snapkv", "64", 16, "persistent", "prefill+decode", "sink", 16, 0, None, "adaptive")
-    assert cache_config(**args).head_budget == "adaptive"
+    # A command's parameters: cache options among others (cache_args picks the CacheConfig fields).
+    params = {
+        "policy": "snapkv",
+        "budget": "64",
+        "protect": "sink",
+        "head_budget": "adaptive",
+        "max_steps": 3,
+    }
+    assert cache_config(**cache_args(params)).head_budget == "adaptive"
     with pytest.raises(ConfigError, match="^head_budget: adaptive needs"):
-        cache_config(
-            **cache_args("random", "64", 16, "persistent", "prefill+decode", "sink", 16, 0, None, "adaptive")
-        )
+        cache_config(**cache_args({**params, "policy": "random"}))

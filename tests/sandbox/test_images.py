@@ -24,6 +24,21 @@ def test_mirror_from_one_line_list(tmp_path):
     assert apt_mirror("bookworm", tmp_path) == "http://local.mirror/debian"
 
 
+def test_a_base_tag_names_its_debian_release(monkeypatch):
+    """`kvagent/base:bullseye` is debootstrapped from bullseye (Python 3.9), not the default bookworm;
+    any other tag from bookworm."""
+    import kvagent.sandbox.images as images
+
+    built = []
+    monkeypatch.setattr(images, "image_exists", lambda tag, client=None: False)
+    monkeypatch.setattr(images, "build_base_image", lambda **kw: built.append(kw) or kw["tag"])
+    images.ensure_base_image("kvagent/base:bullseye")
+    images.ensure_base_image("kvagent/base:trixie")
+    images.ensure_base_image("my/base:latest")
+    assert [b["suite"] for b in built] == ["bullseye", "trixie", "bookworm"]
+    assert images.RELEASES["bullseye"].extra_packages == ("python3-distutils",)
+
+
 def test_mirror_fallback(tmp_path):
     assert apt_mirror("bookworm", tmp_path) is None  # debootstrap then uses its own default
 

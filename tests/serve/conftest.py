@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("fastapi", reason="kvagent[serve] is not installed: pip install -e '.[serve]'")
-
 MODEL = "tiny"
 
 
@@ -20,6 +18,12 @@ def prompt_of(tokenizer, messages: list[dict[str, Any]], **kw: Any) -> list[int]
     """The token ids a chat renders to, as a client's messages reach the model."""
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kw)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def head_of(tokenizer, messages: list[dict[str, Any]], **kw: Any) -> int:
+    """Tokens of the chat before its generation prompt: a new session's first append."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=False, **kw)
+    return len(tokenizer.encode(text, add_special_tokens=False))
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -32,20 +36,25 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class Replay:
-    """One conversation through the library: the first prompt appended, each later prompt's new
-    tokens appended after taking back what the prompt does not share with the stream (the last
-    prompt token is fed again when the prompt is all shared), each reply by Session.generate."""
+    """One conversation through the library: the first prompt appended (the chat up to its
+    generation prompt first, then the rest), each later prompt's new tokens appended after taking
+    back what the prompt does not share with the stream (the last prompt token is fed again when
+    the prompt is all shared), each reply by Session.generate."""
 
     def __init__(self, engine, config) -> None:
         self.session = engine.session(config)
 
-    def turn(self, prompt: list[int], max_tokens: int, sampling=None):
+    def turn(self, prompt: list[int], max_tokens: int, sampling=None, first: int | None = None):
         from kvagent.runtime import Sampling
 
         s = self.session
         if not s.history:
             keep = 0
-            s.append(prompt)
+            if first is not None and first < len(prompt):
+                s.append(prompt[:first])
+                s.append(prompt[first:])
+            else:
+                s.append(prompt)
         else:
             keep = min(common_prefix(prompt, s.history), len(prompt) - 1)
             s.rewind(s.logical_length - keep)

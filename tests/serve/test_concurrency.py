@@ -11,7 +11,7 @@ import httpx
 
 from kvagent.runtime import CacheConfig
 
-from .conftest import MODEL, Replay, prompt_of
+from .conftest import MODEL, Replay, head_of, prompt_of
 
 TURNS = 3
 
@@ -56,7 +56,8 @@ def test_eight_concurrent_conversations_equal_their_solo_runs(
     for i, turns in enumerate(transcripts):  # solo: the library on an engine that never batches
         replay = Replay(solo_engine, CacheConfig())
         for turn, (messages, r) in enumerate(turns):
-            g, keep = replay.turn(prompt_of(qwen3_tokenizer, messages), 16)
+            first = head_of(qwen3_tokenizer, messages)
+            g, keep = replay.turn(prompt_of(qwen3_tokenizer, messages), 16, first=first)
             assert r.choices[0].message.content == g.text, (
                 f"conversation {i} turn {turn} differs from its solo run"
             )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kvagent.runtime import CacheConfig
 
-from .conftest import MODEL, Replay, prompt_of
+from .conftest import MODEL, Replay, head_of, prompt_of
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. Answer briefly."}
 
@@ -25,7 +25,7 @@ def converse(srv, tokenizer, replay: Replay, turns: int, max_tokens: int = 12, *
             model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0, extra_body=extra or None
         )
         prompt = prompt_of(tokenizer, messages)
-        g, keep = replay.turn(prompt, max_tokens)
+        g, keep = replay.turn(prompt, max_tokens, first=head_of(tokenizer, messages))
         out.append((r, prompt, g, keep))
         messages.append({"role": "assistant", "content": r.choices[0].message.content})
     return out
@@ -102,14 +102,36 @@ def test_divergence_before_the_newest_reply_rewinds_deeper_and_inside_the_first_
     assert u["kv_rewound_tokens"] == len(turns[2][1]) + len(turns[2][2].ids) - keep
     # a different first question shares only the system prompt: a new session
     other = [SYSTEM, {"role": "user", "content": "Something else entirely."}]
+    replay2 = Replay(solo_engine, CacheConfig())
+    prompt2 = prompt_of(qwen3_tokenizer, other)
     r2 = srv.client.chat.completions.create(model=MODEL, messages=other, max_tokens=4, temperature=0)
+    g2, _ = replay2.turn(prompt2, 4, first=head_of(qwen3_tokenizer, other))
     assert (
         r2.model_extra["kvagent"]["status"] == "new" and r2.model_extra["kvagent"]["session"] != kv["session"]
     )
-    # the first turn asked again cannot rewind into the first prompt: a new session too
+    assert r2.choices[0].message.content == g2.text
+    # the first turn asked again: the first append stopped before the generation prompt, so the
+    # reply (and the prompt's last token, for its logits) is rewound and the session continues
     r3 = srv.client.chat.completions.create(model=MODEL, messages=other, max_tokens=4, temperature=0)
-    assert r3.model_extra["kvagent"]["reason"] == "diverged"
-    assert r3.choices[0].message.content == r2.choices[0].message.content
+    g3, keep3 = replay2.turn(prompt2, 4)
+    kv3 = r3.model_extra["kvagent"]
+    assert kv3["session"] == r2.model_extra["kvagent"]["session"] and kv3["divergence"] == "reply"
+    assert r3.choices[0].message.content == g3.text
+    assert r3.usage.model_dump()["kv_continued_tokens"] == keep3 == len(prompt2) - 1
+    # a reply dropped by the client (mini-swe-agent does after a format error) and a new turn:
+    # the divergence is at the generation prompt, still the newest reply's place
+    dropped = [*other, {"role": "user", "content": "Please call a tool."}]
+    r4 = srv.client.chat.completions.create(model=MODEL, messages=dropped, max_tokens=4, temperature=0)
+    g4, _ = replay2.turn(prompt_of(qwen3_tokenizer, dropped), 4)
+    assert (
+        r4.model_extra["kvagent"]["status"] == "continued"
+        and r4.model_extra["kvagent"]["divergence"] == "reply"
+    )
+    assert r4.choices[0].message.content == g4.text
+    # a completion prompt asked again has nothing left to rewind to: a new session
+    srv.client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=3, temperature=0)
+    again = srv.client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=3, temperature=0)
+    assert again.model_extra["kvagent"]["reason"] == "diverged"
     m = srv.metrics()
     assert m['kvagent_session_continuations_total{divergence="deeper"}'] == 1
     assert m['kvagent_sessions_started_total{reason="diverged"}'] == 1

@@ -5,6 +5,7 @@ from kvagent.runtime.policies import (  # noqa: F401  (registration)
     h2o,
     keydiff,
     knorm,
+    morphkv,
     nexus,
     pyramidkv,
     random,
@@ -13,6 +14,7 @@ from kvagent.runtime.policies import (  # noqa: F401  (registration)
     streaming,
     tova,
     triattention,
+    vase,
 )
 from kvagent.runtime.policies.base import (
     BasePolicy,

@@ -69,6 +69,7 @@ class BasePolicy:
     block = 1  # 1 = token granularity
     needs_pending_queries = False  # H2O: the runtime keeps all queries since the last round
     adaptive_heads = False  # scores comparable across heads: head_budget=adaptive may use them
+    schedule = "uniform"  # how layer_budgets splits K over depth; bench fidelity records it
     # Constructor arguments the session fills from the model (Engine.model_facts) when policy_args
     # leaves them out, e.g. TriAttention's RoPE base: a user should not have to copy it by hand.
     model_args: ClassVar[tuple[str, ...]] = ()

@@ -25,6 +25,8 @@ CASES = {
     "keydiff": {},
     "rkv": {},
     "triattention": {"rope_theta": 10_000.0, "recent": 16},  # the tiny models' RoPE base
+    "morphkv": {},
+    "vase": {},
 }
 
 

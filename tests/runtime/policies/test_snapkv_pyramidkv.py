@@ -125,29 +125,81 @@ def test_snapkv_bad_args():
 @pytest.mark.parametrize("budget", [16, 100, 1000, 4097])
 @pytest.mark.parametrize("n_layers", [1, 2, 7, 28, 36])
 @pytest.mark.parametrize("beta", [1, 2, 20])
-def test_pyramid_budgets(budget, n_layers, beta):
-    pol = make_policy("pyramidkv", beta=beta, min_budget=16)
-    ks = pol.layer_budgets(budget, n_layers)
+@pytest.mark.parametrize("window", [0, 16, 64])
+def test_pyramid_budgets(budget, n_layers, beta, window):
+    ks = make_policy("pyramidkv", beta=beta, window=window).layer_budgets(budget, n_layers)
     assert len(ks) == n_layers
     assert sum(ks) == budget * n_layers
     assert all(a >= b for a, b in zip(ks, ks[1:], strict=False))
-    assert min(ks) >= min(16, budget)
-    if beta > 1 and n_layers > 1 and budget > 16:
-        assert ks[0] > ks[-1]
-        assert ks[-1] == max(16, budget // beta)
-    if beta == 1:
+    k = budget - window  # what the pyramid splits, after every layer's window
+    if k <= 0 or beta == 1:
         assert ks == [budget] * n_layers
+        return
+    # Each layer within one entry of the paper's exact share: top k / beta, bottom 2k - k / beta,
+    # linear between, plus the window.
+    for i, got in enumerate(ks):
+        top, bottom = k / beta, 2 * k - k / beta
+        exact = window + (bottom - (bottom - top) * i / max(1, n_layers - 1) if n_layers > 1 else k)
+        assert abs(got - exact) < 1, (i, got, exact)
+    assert min(ks) >= min(window, budget)
 
 
-def test_pyramid_budgets_linear():
-    ks = make_policy("pyramidkv", beta=10, min_budget=1).layer_budgets(1000, 11)
-    # Exactly the arithmetic sequence 1900 .. 100 in steps of 180.
-    assert ks == [1900 - 180 * i for i in range(11)]
-    assert math.isclose(sum(ks) / 11, 1000)
+@pytest.mark.parametrize(
+    "budget, n_layers, window, beta, want",
+    [
+        # k = 84: top 4.2, bottom 163.8, step 53.2 -> floors 163, 110, 57, 4 (334 of 336); the two
+        # largest remainders (.8, .6) get one more; then + 16 each.
+        (100, 4, 16, 20, [180, 127, 73, 20]),
+        # k = 48: 72, 48, 24 exactly, + 16.
+        (64, 3, 16, 2, [88, 64, 40]),
+        # No window: 39, 29.5, 20, 10.5, 1 -> the tie between the two halves goes to the lower layer.
+        (20, 5, 0, 20, [39, 30, 20, 10, 1]),
+        # 1900 .. 100 in steps of 180: the arithmetic sequence itself.
+        (1000, 11, 0, 10, [1900 - 180 * i for i in range(11)]),
+        # The window takes the whole budget: nothing to split, uniform.
+        (16, 4, 16, 20, [16, 16, 16, 16]),
+    ],
+)
+def test_pyramid_budgets_exact(budget, n_layers, window, beta, want):
+    got = make_policy("pyramidkv", beta=beta, window=window).layer_budgets(budget, n_layers)
+    assert got == want and sum(got) == budget * n_layers
+
+
+@pytest.mark.parametrize(
+    "budget, n_layers, window, min_budget, want",
+    [
+        # k = 32, top share max(1.6, 32 - 16) = 16, bottom 48: + 16 each.
+        (48, 2, 16, 32, [64, 32]),
+        # No window, k = 100: top max(5, 20) = 20, bottom 180, step 80.
+        (100, 3, 0, 20, [180, 100, 20]),
+        # A floor above K: uniform.
+        (48, 3, 16, 60, [48, 48, 48]),
+    ],
+)
+def test_pyramid_min_budget_raises_the_top_of_the_line(budget, n_layers, window, min_budget, want):
+    pol = make_policy("pyramidkv", window=window, min_budget=min_budget)
+    got = pol.layer_budgets(budget, n_layers)
+    assert got == want and sum(got) == budget * n_layers
+
+
+def test_pyramid_budgets_on_the_reference_protocol():
+    # SmolLM2 (30 layers), 20% of 2,048 tokens, window 64: every layer keeps its window plus
+    # its share of 345; the top layer 64 + 345 / 20 = 81.25 -> 81, the bottom 64 + 672.75.
+    ks = make_policy("pyramidkv", window=64).layer_budgets(409, 30)
+    assert ks[-1] == 81 and ks[0] in (736, 737) and sum(ks) == 409 * 30
+    assert math.isclose(sum(ks) / 30, 409)
+
+
+def test_pyramid_warns_when_the_window_is_wider_than_its_reserve(rand_view):
+    view = _view(rand_view, seed=2)  # 5 window queries
+    with pytest.warns(UserWarning, match="window=5"):
+        make_policy("pyramidkv", window=4).scores(view)
 
 
 def test_pyramid_bad_args():
     with pytest.raises(ConfigError, match="policy_args.beta"):
         make_policy("pyramidkv", beta=0.5)
+    with pytest.raises(ConfigError, match="policy_args.window"):
+        make_policy("pyramidkv", window=-1)
     with pytest.raises(ConfigError, match="policy_args.min_budget"):
         make_policy("pyramidkv", min_budget=0)

@@ -1,0 +1,198 @@
+"""The SWE-bench commands' declarations: `eval` (the sweep, locally or on Ray, with its grid file),
+`grade` (a predictions file) and `report` (a run directory). Registered by app.py; each body lives
+in the cli module of the same name."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kvagent.cli.params import (
+    AGENT_MODEL,
+    Budgets,
+    Buffer,
+    ContextLimit,
+    Device,
+    Dtype,
+    HeadBudget,
+    History,
+    Instances,
+    Isolation,
+    MaxNewTokens,
+    MaxSteps,
+    Model,
+    Modes,
+    Network,
+    PatchRule,
+    Policies,
+    PolicyArg,
+    Prompts,
+    Protect,
+    R2EGym,
+    Scaffold,
+    Scope,
+    Split,
+    Temperature,
+    TopK,
+    TopP,
+    Window,
+    agent_args,
+    cache_args,
+    fail,
+    user_errors,
+)
+
+
+def _grid_file(ctx: typer.Context, value: str | None) -> str | None:
+    """`eval --config FILE`: the grid file's settings become the defaults of eval's options, so a flag
+    given explicitly overrides its key (read first: the option is eager)."""
+    if value:
+        import typing
+
+        from kvagent.cli.eval import grid_defaults, typed_grid
+        from kvagent.errors import KvagentError
+
+        try:
+            grid = grid_defaults(value, [p.name for p in ctx.command.params if p.name])
+            grid = typed_grid(value, grid, typing.get_type_hints(eval_))
+        except KvagentError as e:
+            fail(str(e))
+        ctx.default_map = {**(ctx.default_map or {}), **grid}
+    return value
+
+
+@user_errors
+def eval_(
+    ctx: typer.Context,
+    dataset: Annotated[str, typer.Option(help="SWE-bench instances: .json/.jsonl/.parquet file or HF name.")],
+    split: Split = "test",
+    instances: Instances = None,
+    policies: Policies = "full,random,nexus",
+    modes: Modes = "persistent,reprefill",
+    budgets: Budgets = "1024",
+    seeds: Annotated[str, typer.Option(help="Comma list of seeds (Pass@1 averages over them).")] = "0",
+    model: Model = AGENT_MODEL,
+    buffer: Buffer = 128,
+    scope: Scope = "prefill+decode",
+    protect: Protect = "prompt",
+    window: Window = 16,
+    head_budget: HeadBudget = "uniform",
+    policy_arg: PolicyArg = None,
+    env: Annotated[
+        str, typer.Option(help="docker (instance images) or local (--repos checkouts).")
+    ] = "docker",
+    repos: Annotated[
+        str | None, typer.Option(help="With --env local: DIR/<instance_id> checkouts at base commit.")
+    ] = None,
+    grade: Annotated[bool, typer.Option(help="Grade each run in a fresh sandbox.")] = True,
+    concurrency: Annotated[
+        int, typer.Option(help="Episodes at once over one engine (their forwards batched: max_batch=N).")
+    ] = 1,
+    workers: Annotated[
+        int | None, typer.Option(hidden=True, help="Deprecated name of --concurrency.")
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            help="Grid file (YAML) of eval's options: instances, policies, modes, budgets, seeds, agent "
+            "settings...; flags given override it. Each run directory records its grid as grid.yaml.",
+            is_eager=True,
+            callback=_grid_file,
+        ),
+    ] = None,
+    max_steps: MaxSteps = 100,
+    max_new_tokens: MaxNewTokens = None,
+    context_limit: ContextLimit = 65_536,
+    temperature: Temperature = 1.0,
+    prompts: Prompts = None,
+    r2egym: R2EGym = None,
+    scaffold: Scaffold = "kvagent",
+    history: History = None,
+    patch_rule: PatchRule = None,
+    top_p: TopP = None,
+    top_k: TopK = None,
+    network: Network = "none",
+    out: Annotated[str, typer.Option(help="Run directory (resumable).")] = "runs/eval",
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            help="Run on a Ray cluster: `auto` (the one on this machine, else a new one) or "
+            "its ADDRESS (host:port); needs kvagent\\[ray]. See docs/scale.md."
+        ),
+    ] = None,
+    engines: Annotated[
+        int | None, typer.Option(help="With --ray: engines (Ray actors, one GPU each); default: all GPUs.")
+    ] = None,
+    image_registry: Annotated[
+        str | None, typer.Option(help="With --ray and --env docker: pull missing instance images from it.")
+    ] = None,
+    isolation: Isolation = "bwrap",
+) -> None:
+    """Run the agent over SWE-bench instances for each policy x mode x budget x seed."""
+    if workers is not None:
+        typer.echo("kvagent: --workers is deprecated; use --concurrency", err=True)
+    if ray is not None:  # the same sweep on Ray actors; without --ray, Ray is never imported
+        if isolation != "bwrap":
+            fail("--isolation none is not available with --ray; Ray workers always use bwrap")
+        if network != "none":
+            fail("--network default is not available with --ray; Ray workers' containers have no network")
+        from functools import partial
+
+        from kvagent.cli.eval_ray import run_eval_ray
+
+        run_eval = partial(run_eval_ray, ray_address=ray, engines=engines, image_registry=image_registry)
+    else:
+        if engines is not None or image_registry is not None:
+            fail("--engines and --image-registry need --ray (e.g. --ray auto)")
+        from functools import partial
+
+        from kvagent.cli.eval import run_eval
+
+        run_eval = partial(run_eval, isolation=isolation, network=network)
+
+    run_eval(
+        dataset=dataset, split=split, instances=instances, policies=policies, modes=modes,
+        budgets=budgets, seeds=seeds, model=model, policy_arg=policy_arg, env=env, repos=repos,
+        grade=grade, out=out, device=device, dtype=dtype, grid=dict(ctx.params),
+        concurrency=concurrency if workers is None else workers,
+        cache_options=cache_args(ctx.params),  # buffer, scope, protect, window, ...: one value each
+        agent=agent_args(ctx.params, prompt_style="repo_first", seed=0),
+    )  # fmt: skip
+
+
+@user_errors
+def grade(
+    predictions: Annotated[
+        str, typer.Argument(help="Predictions JSONL/JSON in SWE-bench format, or `gold`.")
+    ],
+    dataset: Annotated[str, typer.Option(help="The instances' dataset file or HF name.")],
+    split: Split = "test",
+    instances: Instances = None,
+    out: Annotated[str, typer.Option(help="Directory for report.json and logs.")] = "grade-out",
+    timeout: Annotated[int, typer.Option(help="Seconds per instance's tests.")] = 1800,
+    harness: Annotated[
+        str, typer.Option(help="kvagent (offline images) or official (swebench harness).")
+    ] = "kvagent",
+    recipes: Annotated[
+        list[str] | None, typer.Option("--recipes", help="Extra recipe files (JSON), as for `images build`.")
+    ] = None,
+) -> None:
+    """Grade a predictions file against its SWE-bench instances."""
+    from kvagent.cli.grade import run_grade
+
+    run_grade(
+        predictions, dataset, split=split, instances=instances, out=out, timeout=timeout, harness=harness,
+        recipes=recipes,
+    )  # fmt: skip
+
+
+@user_errors
+def report(run_dir: Annotated[str, typer.Argument(help="A `kvagent eval` run directory.")]) -> None:
+    """Resolved / Pass@1 tables, CIs and plots for a run directory."""
+    from kvagent.cli.report import run_report
+
+    run_report(run_dir)

@@ -1,0 +1,80 @@
+"""The `serve` command's declaration: the cache options every command shares, and the server's own
+(batching, memory, queue, address, drain). Registered by app.py; the body is serve.py."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kvagent.cli.params import (
+    AGENT_MODEL,
+    Budget,
+    Buffer,
+    Device,
+    Dtype,
+    HeadBudget,
+    Mode,
+    Model,
+    Policy,
+    PolicyArg,
+    Protect,
+    Scope,
+    Seed,
+    Window,
+    cache_args,
+    user_errors,
+)
+
+
+@user_errors
+def serve(
+    ctx: typer.Context,
+    model: Model = AGENT_MODEL,
+    policy: Policy = "full",
+    budget: Budget = None,
+    buffer: Buffer = 128,
+    mode: Mode = "persistent",
+    scope: Scope = "prefill+decode",
+    protect: Protect = "prompt",
+    window: Window = 16,
+    seed: Seed = 0,
+    policy_arg: PolicyArg = None,
+    head_budget: HeadBudget = "uniform",
+    max_batch: Annotated[
+        int, typer.Option(help="Sessions whose forwards one batch joins (and requests run at once).")
+    ] = 8,
+    kv_memory: Annotated[
+        float | None,
+        typer.Option(
+            help="GiB of KV that sessions may hold; idle ones are dropped least recently used past it."
+        ),
+    ] = None,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0: any free one, printed at start).")] = 8000,
+    max_queue: Annotated[int, typer.Option(help="Requests waiting beyond those running; more get 429.")] = 64,
+    max_sessions: Annotated[int, typer.Option(help="Live sessions at most (idle ones dropped LRU).")] = 1024,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds in-flight requests get to finish at SIGTERM before they are cancelled."),
+    ] = 30.0,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="The model name clients send (default: --model).")
+    ] = None,
+    log_level: Annotated[
+        str, typer.Option(help="uvicorn's log level: warning, info (one line a request), debug.")
+    ] = "info",
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+) -> None:
+    """OpenAI-compatible server whose conversations each keep one live, evicted cache (kvagent\\[serve])."""
+    from kvagent.cli.serve import run_serve
+
+    run_serve(
+        model=model, max_batch=max_batch, kv_memory=kv_memory, host=host, port=port, max_queue=max_queue,
+        max_sessions=max_sessions, drain_timeout=drain_timeout, served_model_name=served_model_name,
+        device=device, dtype=dtype, log_level=log_level,
+        cache={**cache_args(ctx.params), "policy_arg": policy_arg},
+    )  # fmt: skip

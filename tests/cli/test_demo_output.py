@@ -1,0 +1,77 @@
+"""Issue 31: the demo's output on a tiny model and a short episode: the picture's data (KV memory over
+the episode, fidelity per turn) and the table (the probe column only where `full` retrieves)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvagent.bench.demo_series import memory_bound
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from kvagent.cli.demo import run_demo
+
+    out = tmp_path_factory.mktemp("demo")
+    records = run_demo(
+        model="tiny-random-qwen3",
+        out=str(out),
+        budget=512,
+        turns=10,
+        progress=False,
+        policies=("random", "nexus"),
+    )
+    return out, records
+
+
+def test_the_memory_series_grows_for_full_and_stays_within_k_plus_r_for_every_evicting_run(demo):
+    out, _ = demo
+    records = json.loads((out / "fidelity.json").read_text())["records"]
+    assert {(r["policy"], r["mode"]) for r in records if r["policy"] != "full"} == {
+        ("random", "persistent"), ("random", "reprefill"), ("nexus", "persistent"), ("nexus", "reprefill"),
+    }  # fmt: skip
+    for r in records:
+        tokens = [p[0] for p in r["memory"]]
+        held = [p[1] for p in r["memory"]]
+        assert tokens == sorted(tokens) and tokens[-1] == r["tokens"], r["policy"]  # the whole episode
+        if r["policy"] == "full":
+            assert held == sorted(held) and held == tokens  # dense: every token fed is held
+            assert memory_bound(r) is None
+        else:
+            bound = memory_bound(r)
+            assert bound == r["budget"] + r["buffer"] == 640
+            assert max(held) <= bound, (r["policy"], r["mode"], max(held))
+            assert max(held) >= r["budget"]  # it did fill up to K (rounds ran)
+            assert r["rounds"] > 0
+        assert len(r["turn_kl"]) == len(r["turn_top1"]) == len(r["turn_end"]) == r["turns"]
+        assert (max(r["turn_kl"]) == 0.0) == (r["policy"] == "full")
+    assert (out / "demo.png").stat().st_size > 10_000
+
+
+def test_the_probe_column_is_shown_only_when_full_retrieves_the_fact(demo, capsys):
+    from kvagent.cli.demo import _print_table
+
+    _, records = demo
+    full = next(r for r in records if r["policy"] == "full")
+    assert full["probe_retrieved"] is False  # a random-weight model retrieves nothing
+    capsys.readouterr()
+    _print_table(records, "tiny on gen", 2)
+    plain = capsys.readouterr().out
+    assert "fact retrieved" not in plain and "log p(fact)" not in plain and "random" in plain
+    retrieved = [{**r, "probe_retrieved": True} if r["policy"] == "full" else r for r in records]
+    _print_table(retrieved, "tiny on gen", 2)
+    shown = capsys.readouterr().out
+    assert "fact retrieved" in shown and "log p(fact)" in shown
+
+
+def test_the_demo_names_the_episode_and_model_above_the_table_and_explains_nexus_rounds(demo, capsys):
+    from kvagent.cli.demo import _print_table
+
+    _, records = demo
+    capsys.readouterr()
+    _print_table(records, "tiny-random-qwen3 on gen-s0-t10-compact", 2)
+    out = capsys.readouterr().out
+    assert out.index("tiny-random-qwen3 on gen-s0-t10-compact") < out.index("random")
+    assert "nexus keeps whole 32-entry blocks" in out
