@@ -71,7 +71,7 @@ def cfg(args, seed: int) -> CacheConfig:
 
 
 def decode(session, steps: int) -> None:
-    logits = session._last_logits
+    logits = session.last_logits
     for _ in range(steps):
         logits = session.step(int(torch.argmax(logits)))
 
