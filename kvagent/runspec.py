@@ -3,14 +3,16 @@
 A run is a `CacheConfig` reduced to what identifies it: `RunSpec` IS that CacheConfig, with every
 field but `HOW_NOT_WHICH` (settings of how a session runs, not of which run it is). So a field added
 to CacheConfig is, with no other edit, part of every spec, of its results record (`record()`; read
-back by `from_record`, where a record written before the field existed gets its default, so old
-records keep their meaning), of the report's configurations and, when it differs from its default,
+back by `from_record`, where a record written before the field existed gets its default, or its
+`LEGACY` value where the default changed meaning, so old records keep their meaning), of the
+report's configurations and, when it differs from its baseline (the legacy value, else the default),
 of the label.
 
 `kvagent eval` plans one per instance, `kvagent bench fidelity` one per episode, the report groups
 finished runs by their `configuration`, and file names, tables and progress lines all show
-`spec.label`: `nexus__persistent__K1024`, `full__persistent__dense`, then one part per other setting
-that differs from its default: `__prefill` / `__protect-sink` / `__heads-adaptive`."""
+`spec.label`: `nexus__persistent__K1024__recent-buffer`, `full__persistent__dense`, then one part per
+other setting that differs from its baseline: `__prefill` / `__protect-sink` / `__heads-adaptive`.
+A run of the old eviction framework (topk-all) keeps the label it always had: no framework part."""
 
 from __future__ import annotations
 
@@ -27,16 +29,22 @@ HOW_NOT_WHICH = ("audit", "prefill_chunk")
 IDENTITY = tuple(f.name for f in fields(CacheConfig) if f.name not in HOW_NOT_WHICH)
 DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(CacheConfig)}  # type: ignore[misc]  # fmt: skip
 DEFAULT_SCOPE, DEFAULT_PROTECT = DEFAULTS["scope"], DEFAULTS["protect"]
+# What a record without the field ran with, where that is not today's default: records from before
+# issue #26 ran the topk-all framework (recent-buffer is the default since). Also the label's
+# baseline, so those runs keep their labels and resume, and a new default run never joins them.
+LEGACY = {"framework": "topk-all"}
+BASELINE = {**DEFAULTS, **LEGACY}
 # The label is `<policy>__<mode>__<budget>`, then a part per other field that differs from its
-# default: those named here first, spelled so, then any other as `<field>-<value>`. Never in it: the
+# baseline: those named here first, spelled so, then any other as `<field>-<value>`. Never in it: the
 # seed (run ids add `__s<seed>`) and what labels never showed (buffer, window, policy options), so
 # the run directories on disk keep their labels and resume.
-LABEL_PARTS = {"scope": "{}", "protect": "protect-{}", "head_budget": "heads-{}"}
+LABEL_PARTS = {"scope": "{}", "protect": "protect-{}", "head_budget": "heads-{}", "framework": "{}"}
 LABEL_HEAD = ("policy", "mode", "budget")
 NOT_IN_LABEL = ("seed", "buffer", "window", "policy_args")
 # What a dense run (one that never evicts) keeps of its settings; the rest (the budget, how heads
-# share it, ...) only eviction reads, so one dense run serves all their values. Scope and protect
-# stay because dense labels on disk show them.
+# share it, the framework, ...) only eviction reads, so one dense run serves all their values, and
+# they take their baseline (a dense record from before a field existed is the same run). Scope and
+# protect stay because dense labels on disk show them.
 DENSE_KEEPS = ("policy", "mode", "scope", "protect", "seed", "buffer", "window", "policy_args")
 # `full` never evicts, so its modes are one computation: run once in this mode, reuse for the others.
 CANONICAL_DENSE_MODE = "persistent"
@@ -61,7 +69,7 @@ class RunSpec(CacheConfig):
         if not self.evicts:
             for name in IDENTITY:
                 if name not in DENSE_KEEPS:
-                    object.__setattr__(self, name, DEFAULTS[name])
+                    object.__setattr__(self, name, BASELINE[name])
 
     def __hash__(self) -> int:
         return hash(tuple(getattr(self, k) for k in IDENTITY if k != "policy_args"))
@@ -73,10 +81,12 @@ class RunSpec(CacheConfig):
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> RunSpec:
         """The spec a results record was written from (`record()`, with any other fields around it);
-        a field the record lacks or leaves empty has its default, as records written before it existed
-        ran with it. Read, not checked: a record says what ran, so one whose policy has left the
-        registry since still reports. A float budget that is a whole number is tokens."""
+        a field the record lacks or leaves empty has the value records written before it existed ran
+        with (`LEGACY`, else its default). Read, not checked: a record says what ran, so one whose
+        policy has left the registry since still reports. A float budget that is a whole number is
+        tokens."""
         values = {k: record[k] for k in IDENTITY if k in record and (record[k] is not None or k == "budget")}
+        values = {**LEGACY, **values}
         b = values.get("budget")
         if isinstance(b, float) and b.is_integer() and b >= 1:
             values["budget"] = int(b)
@@ -110,9 +120,9 @@ class RunSpec(CacheConfig):
     @property
     def varied(self) -> list[str]:
         """The fields that set this run apart beyond policy, mode and budget (shown in the label and
-        different from their defaults), in label order."""
+        different from their baseline), in label order."""
         order = [*LABEL_PARTS, *(k for k in IDENTITY if k not in LABEL_PARTS)]
-        return [k for k in order if k not in (*LABEL_HEAD, *NOT_IN_LABEL) and getattr(self, k) != DEFAULTS[k]]
+        return [k for k in order if k not in (*LABEL_HEAD, *NOT_IN_LABEL) and getattr(self, k) != BASELINE[k]]
 
     @property
     def variant(self) -> list[str]:

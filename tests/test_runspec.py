@@ -10,29 +10,39 @@ from dataclasses import fields
 
 import pytest
 
+from kvagent.evals.runner import EvalRun
 from kvagent.evals.stats import config_of, summarize
 from kvagent.runspec import DEFAULTS, HOW_NOT_WHICH, IDENTITY, NOT_IN_LABEL, RunSpec, sweep
 from kvagent.runtime.config import CacheConfig
 
 # A valid non-default value of every identity field (a field added to CacheConfig needs one here).
 EXAMPLES = {"policy": "h2o", "budget": 128, "buffer": 32, "protect": "sink", "scope": "prefill",
-            "mode": "reprefill", "window": 8, "seed": 3, "policy_args": {"kernel": 5}, "head_budget": "adaptive"}  # fmt: skip
+            "mode": "reprefill", "window": 8, "seed": 3, "policy_args": {"kernel": 5}, "head_budget": "adaptive",
+            "framework": "topk-all"}  # fmt: skip
 
 
 def test_labels_and_run_ids_are_those_already_on_disk():
-    # (spec, label): the spellings run directories, fidelity files and predictions carry today.
+    # (spec, label): the spellings run directories, fidelity files and predictions carry today. Those
+    # runs were all of the topk-all framework (issue #26), whose labels show no framework.
+    old = {"framework": "topk-all"}
     cases = [
         (RunSpec("full"), "full__persistent__dense"),
         (RunSpec("full", mode="reprefill", scope="prefill"), "full__reprefill__dense__prefill"),
-        (RunSpec("nexus", budget=1024), "nexus__persistent__K1024"),
-        (RunSpec("random", budget=0.2, protect="sink"), "random__persistent__K0.2__protect-sink"),
-        (RunSpec("snapkv", budget=64, scope="prefill", protect="none", head_budget="adaptive"),
+        (RunSpec("nexus", budget=1024, **old), "nexus__persistent__K1024"),
+        (RunSpec("random", budget=0.2, protect="sink", **old), "random__persistent__K0.2__protect-sink"),
+        (RunSpec("snapkv", budget=64, scope="prefill", protect="none", head_budget="adaptive", **old),
          "snapkv__persistent__K64__prefill__protect-none__heads-adaptive"),
         # buffer, window, seed and policy options never were in labels
-        (RunSpec("h2o", budget=64, buffer=8, window=4, seed=2, policy_args={"recent": 0.25}), "h2o__persistent__K64"),
+        (RunSpec("h2o", budget=64, buffer=8, window=4, seed=2, policy_args={"recent": 0.25}, **old),
+         "h2o__persistent__K64"),
+        # the papers' framework, the default since, is named, so no such run joins an old one
+        (RunSpec("nexus", budget=1024), "nexus__persistent__K1024__recent-buffer"),
+        (RunSpec("random", budget=0.2, protect="sink"), "random__persistent__K0.2__protect-sink__recent-buffer"),
     ]  # fmt: skip
     for spec, label in cases:
         assert spec.label == label
+    # A dense run never evicts, so no framework is part of it: old and new dense records are one run.
+    assert RunSpec("full", framework="recent-buffer") == RunSpec("full", framework="topk-all")
     # A dense run has no budget and no heads to budget: one run serves every such setting.
     assert RunSpec("full", budget=512, head_budget="adaptive") == RunSpec("full")
     (full,) = [
@@ -62,23 +72,34 @@ def test_every_cache_field_is_part_of_the_spec_or_declared_a_how_setting():
 
 
 def test_old_records_keep_their_meaning():
-    # Eval records from before scope / protect / head_budget / buffer / window were recorded.
+    # Eval records from before scope / protect / head_budget / buffer / window / framework were recorded.
     old = {"run_id": "i__random__persistent__K1024__s0", "config": "random__persistent__K1024",
            "instance_id": "i", "policy": "random", "mode": "persistent", "budget": 1024.0, "seed": 0,
            "resolved": True, "exit_status": "submitted"}  # fmt: skip
     spec = RunSpec.from_record(old)
-    assert spec == RunSpec("random", budget=1024) and spec.label == old["config"]
+    assert spec == RunSpec("random", budget=1024, framework="topk-all") and spec.label == old["config"]
     assert {k: getattr(spec, k) for k in ("scope", "protect", "head_budget")} == {
         k: DEFAULTS[k] for k in ("scope", "protect", "head_budget")
     }
-    # ... and today's record of the same configuration (another seed) is counted with it.
+    assert spec.framework == "topk-all" != DEFAULTS["framework"]  # what ran then, not today's default
+    assert spec.cache_config().framework == "topk-all"  # so a resumed old grid runs the old eviction
+    # ... and today's record of the same configuration (another seed) is counted with it, ...
     new = {
         **old,
-        **RunSpec("random", budget=1024, seed=1).record(),
+        **RunSpec("random", budget=1024, seed=1, framework="topk-all").record(),
         "run_id": "i__random__persistent__K1024__s1",
     }
     (row,) = summarize([old, new], n_boot=10)["configs"]
     assert row["label"] == "random__persistent__K1024" and row["seeds"] == [0, 1]
+    # ... but a run of today's default framework is another configuration, with its own run id.
+    rb = {**old, **RunSpec("random", budget=1024, seed=1).record(), "run_id": "i__x__s1"}
+    rows = summarize([old, rb], n_boot=10)["configs"]
+    assert sorted(r["label"] for r in rows) == [
+        "random__persistent__K1024",
+        "random__persistent__K1024__recent-buffer",
+    ]
+    assert EvalRun("i", RunSpec("random", budget=1024)).run_id != old["run_id"]
+    assert EvalRun("i", RunSpec.from_record(old)).run_id == old["run_id"]
     # A record says what ran: one whose policy has left the registry since still reports.
     assert config_of({**old, "policy": "retired"}).label == "retired__persistent__K1024"
 
@@ -91,10 +112,10 @@ SCRIPT = textwrap.dedent(
     import kvagent.runtime.config as config
 
     @dataclasses.dataclass(frozen=True)
-    class WithRecentBuffer(config.CacheConfig):
-        recent_buffer: int = 0  # the one line a new cache setting adds
+    class WithSinkTokens(config.CacheConfig):
+        sink_tokens: int = 0  # the one line a new cache setting adds
 
-    config.CacheConfig = WithRecentBuffer  # as if it were declared in CacheConfig itself
+    config.CacheConfig = WithSinkTokens  # as if it were declared in CacheConfig itself
 
     from kvagent.agent.config import AgentConfig
     from kvagent.bench.tables import fidelity_rows
@@ -116,20 +137,20 @@ SCRIPT = textwrap.dedent(
         def diff(self):
             return ""
 
-    specs = [s for b in (0, 32) for s in sweep(["random"], ["persistent"], [64], recent_buffer=b)]
+    specs = [s for b in (0, 32) for s in sweep(["random"], ["persistent"], [64], sink_tokens=b)]
     seen = []
-    engine = ScriptedEngine(load_qwen3_tokenizer(), lambda c: seen.append(c.recent_buffer) or [SUBMIT])
+    engine = ScriptedEngine(load_qwen3_tokenizer(), lambda c: seen.append(c.sink_tokens) or [SUBMIT])
     inst = Instance("i", "o/r", "HEAD", "fix it", "", [], [])
     run_dir = Path(tempfile.mkdtemp())
     runner = EvalRunner(run_dir=run_dir, engine=engine, instances={"i": inst},
                         open_env=lambda i: contextlib.nullcontext(Env()), agent_config=AgentConfig(max_steps=2))
     records = runner.run([EvalRun("i", s) for s in specs])
-    old = {k: v for k, v in records[0].items() if k != "recent_buffer"}  # written before the field
+    old = {k: v for k, v in records[0].items() if k != "sink_tokens"}  # written before the field
     fid = [{**s.record(), "status": "ok", "kl": 0.0, "top1": 1.0, "logp_true": 0.0} for s in specs]
     json.dump({
         "labels": [s.label for s in specs],
         "sessions": seen,
-        "recorded": [r.get("recent_buffer") for r in records],
+        "recorded": [r.get("sink_tokens") for r in records],
         "record_labels": [r["config"] for r in records],
         "resumed": len(runner.pending([EvalRun("i", RunSpec.from_record(old))])),
         "report": sorted(c["label"] for c in summarize([old, *records], n_boot=10)["configs"]),
@@ -145,12 +166,15 @@ def test_a_new_cache_field_reaches_the_session_label_record_and_report():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
-    assert got["labels"] == ["random__persistent__K64", "random__persistent__K64__recent-buffer-32"]
+    assert got["labels"] == [
+        "random__persistent__K64__recent-buffer",
+        "random__persistent__K64__recent-buffer__sink-tokens-32",
+    ]
     assert got["sessions"] == [0, 32] and got["recorded"] == [0, 32]
     assert got["record_labels"] == got["labels"]
     assert got["resumed"] == 0  # an old record (no such field) is the default's run: not redone
     assert got["report"] == got["labels"]  # the old record joins the default's configuration
-    assert got["tables"] == ["random", "random+32"]
+    assert got["tables"] == ["random+recent-buffer", "random+recent-buffer+32"]
 
 
 @pytest.mark.parametrize("value", [{"kernel": 5}, {}])

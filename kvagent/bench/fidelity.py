@@ -72,9 +72,18 @@ def check_setting(engine, spec: RunSpec, stream: Stream) -> str | None:
 
 # ----------------------------------------------------------------------- records
 def record_key(rec: dict) -> tuple:
-    """What makes two records results of the same run: episode, model and spec (a field an older
-    record lacks has its default)."""
-    return rec.get("episode"), rec.get("digest"), rec.get("model"), RunSpec.from_record(rec)
+    """What makes two records results of the same run: episode, model, spec (a field an older record
+    lacks has the value it ran with) and the policy's layer schedule (a record without one ran the
+    uniform split: a pyramidkv record from before its paper schedule is not today's run)."""
+    spec = RunSpec.from_record(rec)
+    return rec.get("episode"), rec.get("digest"), rec.get("model"), spec, rec.get("schedule", "uniform")
+
+
+def schedule_of(spec: RunSpec) -> str:
+    """How the spec's policy splits K over depth (BasePolicy.schedule), as records note it."""
+    from kvagent.runtime.policies import make_policy
+
+    return make_policy(spec.policy, **spec.policy_args).schedule
 
 
 def load_records(out_dir: Path) -> list[dict]:
@@ -89,7 +98,6 @@ def load_records(out_dir: Path) -> list[dict]:
 
 
 def summarise(spec: RunSpec, stream: Stream, model: str, res: rp.ReplayResult, ref_lp: float) -> dict:
-    from kvagent.runtime.policies import make_policy
 
     n = len(res.kl)
     mean = (lambda xs: sum(xs) / len(xs)) if n else (lambda xs: float("nan"))
@@ -102,7 +110,7 @@ def summarise(spec: RunSpec, stream: Stream, model: str, res: rp.ReplayResult, r
         "model": model,
         # How the policy split K over depth (records without it predate the field; pyramidkv's
         # then was kvagent's own floor-16 split with the window inside each layer's share).
-        "schedule": make_policy(spec.policy, **spec.policy_args).schedule,
+        "schedule": schedule_of(spec),
         "n_scored": n,
         "tokens": len(stream.ids),
         "turns": stream.n_turns,
@@ -142,9 +150,8 @@ def pending_runs(engine, streams: Sequence[Stream], grid: Grid, records: list[di
             if why:
                 skipped.append(f"{stream.name} {s.label}: {why}")
                 continue
-            key = record_key(
-                {**s.record(), "episode": stream.name, "digest": stream.digest(), "model": model_name}
-            )
+            here = {"episode": stream.name, "digest": stream.digest(), "model": model_name}
+            key = record_key({**s.record(), **here, "schedule": schedule_of(s)})
             if key not in done:
                 todo.append((gi, si, stream, s))
     # Setting by setting, each over every episode: a run cut short leaves whole comparisons.

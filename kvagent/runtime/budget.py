@@ -1,7 +1,9 @@
 """The one rule about a budget and what is protected: at every eviction round each layer's K must
 exceed the entries that are never evicted (protect=prompt: the whole first prompt; protect=sink: the
 first SINK_TOKENS), or the round could evict nothing. K only grows after the first round (a token
-budget is fixed, a fraction grows with the episode), so the first round decides.
+budget is fixed, a fraction grows with the episode), so the first round decides. Under the
+recent-buffer framework the r-token recent buffer is kept outside K, so the rule is the same (the
+prompt must fit K, not K + 2r); only the first round comes later (at K + 2r instead of K + r).
 
 The session applies it at its first append; commands apply it earlier (before a sandbox opens or a
 benchmark starts) with the prompt's length from the tokenizer."""
@@ -20,9 +22,29 @@ _SEARCH_LIMIT = 1 << 26  # logical tokens; no first round below it = none that m
 def _policy(config: CacheConfig, policy: Any) -> Any:
     if policy is None:
         from kvagent.runtime.policies import make_policy
+        from kvagent.runtime.policies.base import model_defaults
 
-        policy = make_policy(config.policy, **config.policy_args)
+        filled = model_defaults(config.policy, {"window": config.window}, config.policy_args)
+        policy = make_policy(config.policy, **filled, **config.policy_args)
     return policy
+
+
+def buffer_fit_problem(config: CacheConfig) -> str | None:
+    """Why the recent buffer cannot be kept outside a block policy's blocks (None if it can): under
+    recent-buffer, r must be whole blocks, so the entries that leave the buffer at each round are
+    whole blocks of consecutive positions, never half a block joined to older entries."""
+    from kvagent.runtime.policies import make_policy
+
+    block = make_policy(config.policy, **config.policy_args).block
+    r = config.buffer
+    if block <= 1 or r % block == 0:
+        return None
+    lo = r // block * block
+    fits = f"{lo} or {lo + block}" if lo else f"{block}"
+    return (
+        f"buffer: {r} is not a multiple of {config.policy}'s block {block} (framework recent-buffer keeps "
+        f"the newest r entries outside the blocks); use --buffer {fits}, or --framework topk-all"
+    )
 
 
 def layer_budgets(config: CacheConfig, policy: Any, n_layers: int, logical_length: int) -> list[int]:
@@ -59,20 +81,20 @@ def _first_round(
 ) -> int | None:
     """The logical length at which `layer` first evicts, where it can be known before the episode
     (None: no round, or one whose timing depends on the episode)."""
-    b, r = config.budget, config.buffer
+    b, r, recent = config.budget, config.buffer, config.recent
     if config.mode == "reprefill":
-        # Every append rebuilds the cache and cuts it to K at once.
+        # Every append rebuilds the cache and cuts it to K (+ the recent buffer) at once.
         k = layer_budgets(config, policy, n_layers, prompt_length)[layer]
-        if prompt_length > k:
+        if prompt_length > k + recent:
             return prompt_length
         if not isinstance(b, int):
             return None
     if isinstance(b, int):
-        return layer_budgets(config, policy, n_layers, 0)[layer] + r
+        return layer_budgets(config, policy, n_layers, 0)[layer] + recent + r
 
-    # A fraction: the first length that reaches K(L) + r, found by bisection (L - K(L) grows with L).
+    # A fraction: the first length that reaches K(L) + r (+ r), by bisection (L - K(L) grows with L).
     def due(n: int) -> bool:
-        return n >= layer_budgets(config, policy, n_layers, n)[layer] + r
+        return n >= layer_budgets(config, policy, n_layers, n)[layer] + recent + r
 
     if not due(_SEARCH_LIMIT):
         return None

@@ -11,6 +11,9 @@ PROTECT = ("prompt", "sink", "none")
 SCOPES = ("prefill", "prefill+decode")
 MODES = ("persistent", "reprefill")
 HEAD_BUDGETS = ("uniform", "adaptive")
+# How a round picks what stays (docs/architecture.md, "Eviction framework"): "recent-buffer" (both
+# papers': the newest r entries are never scored) or "topk-all" (kvagent before issue #26).
+FRAMEWORKS = ("recent-buffer", "topk-all")
 SINK_TOKENS = 4
 
 
@@ -20,7 +23,7 @@ class CacheConfig:
 
     policy: str = "full"
     budget: int | float | None = None  # K; float in (0,1) = fraction of the logical length at the round
-    buffer: int = 128  # r: a round fires when a layer holds K + r entries
+    buffer: int = 128  # r: rounds fire every r tokens (at K + 2r under recent-buffer, K + r under topk-all)
     protect: str = "prompt"
     scope: str = "prefill+decode"
     mode: str = "persistent"
@@ -30,6 +33,9 @@ class CacheConfig:
     audit: bool = False  # record kept positions per (layer, head) at every round
     prefill_chunk: int = 512  # tokens per forward while prefilling (bounds activation memory)
     head_budget: str = "uniform"  # "adaptive": Ada-KV, heads of a layer share K x H_kv (heads.py)
+    # "recent-buffer": the newest r entries are kept unscored, a round keeps the top K of the rest
+    # (K + r held after it, K + 2r at most); "topk-all": the top K of all entries (K + r at most).
+    framework: str = "recent-buffer"
 
     def __post_init__(self) -> None:
         from kvagent.runtime.policies import check_policy
@@ -66,6 +72,14 @@ class CacheConfig:
             raise ConfigError(
                 f"head_budget: got {self.head_budget!r}; choose one of {', '.join(HEAD_BUDGETS)}"
             )
+        if self.framework not in FRAMEWORKS:
+            raise ConfigError(f"framework: got {self.framework!r}; choose one of {', '.join(FRAMEWORKS)}")
+        if self.recent and self.evicts:
+            from kvagent.runtime.budget import buffer_fit_problem
+
+            problem = buffer_fit_problem(self)
+            if problem:
+                raise ConfigError(problem)
         if self.head_budget == "adaptive" and self.evicts:
             from kvagent.runtime.heads import check_adaptive
             from kvagent.runtime.policies import make_policy
@@ -77,6 +91,11 @@ class CacheConfig:
     @property
     def evicts(self) -> bool:
         return self.budget is not None and self.policy != "full"
+
+    @property
+    def recent(self) -> int:
+        """Entries of a layer that a round keeps unscored, the newest: r under recent-buffer, else 0."""
+        return self.buffer if self.framework == "recent-buffer" else 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -31,12 +31,14 @@ ABSORB_EVERY = 1024
 
 
 def pool_capacities(config: CacheConfig, policy: BasePolicy, n_layers: int) -> tuple[int, ...] | None:
-    """Each layer's K_l + r when fixed for the session's life (an evicting session with a token
-    budget and uniform heads): the slot pool it can live in on a batching engine. None otherwise
-    (dense, fractional or adaptive caches stay private)."""
+    """Each layer's most entries (K_l + 2r under recent-buffer, K_l + r under topk-all) when fixed
+    for the session's life (an evicting session with a token budget and uniform heads): the slot
+    pool it can live in on a batching engine. None otherwise (dense, fractional or adaptive caches
+    stay private)."""
     if not config.evicts or not isinstance(config.budget, int) or config.head_budget == "adaptive":
         return None
-    return tuple(k + config.buffer for k in layer_budgets(config, policy, n_layers, 0))
+    extra = config.recent + config.buffer
+    return tuple(k + extra for k in layer_budgets(config, policy, n_layers, 0))
 
 
 class Evictor:
@@ -85,7 +87,7 @@ class Evictor:
             layer.headroom = c.buffer  # HeadLayer: rows each head keeps free after a round
         if c.evicts and isinstance(c.budget, int):
             for layer, k in zip(cache.layers, self.layer_budgets(0), strict=True):
-                layer.capacity_hint = k + c.buffer
+                layer.capacity_hint = k + c.recent + c.buffer
         self.cache = cache
         self.state: list[dict] = [{} for _ in range(self.n_layers)]  # per layer, the policy's
 
@@ -105,12 +107,13 @@ class Evictor:
         return self._budgets[k]
 
     def tokens_before_round(self, logical_length: int) -> int:
-        """Tokens that can be fed before some layer reaches K + r (<= 0: a round is due)."""
+        """Tokens that can be fed before some layer reaches its trigger, K + r plus the recent
+        buffer (<= 0: a round is due)."""
         if not self.config.evicts:
             return 1 << 62
         budgets = self.layer_budgets(logical_length)
-        r = self.config.buffer
-        room = min(k + r - n for k, n in zip(budgets, self.cache.loads(), strict=True))
+        top = self.config.recent + self.config.buffer
+        room = min(k + top - n for k, n in zip(budgets, self.cache.loads(), strict=True))
         b = self.config.budget
         if isinstance(b, float) and room > 0:
             # K grows with the episode for a fractional budget; stretch the chunk so it still ends
@@ -130,13 +133,15 @@ class Evictor:
 
     @torch.no_grad()
     def evict_due(self, logical_length: int, prompt_length: int | None, to_budget: bool = False) -> None:
-        """Run a round on every layer that reached K + r (or, with to_budget, exceeds K)."""
+        """Run a round on every layer that reached its trigger (K + 2r under recent-buffer, K + r
+        under topk-all), or, with to_budget, holds more than a round leaves (K + r, or K)."""
         budgets = self.layer_budgets(logical_length)
+        recent = self.config.recent
         r = 0 if to_budget else self.config.buffer
         due = [
             li
             for li, (k, n) in enumerate(zip(budgets, self.cache.loads(), strict=True))
-            if n >= k + r and n > k
+            if n >= k + recent + r and n > k + recent
         ]
         if not due:
             return
@@ -152,7 +157,8 @@ class Evictor:
         self.stats.rounds += 1
 
     def compress(self, logical_length: int, prompt_length: int | None) -> None:
-        """Reprefill: cut every layer of the rebuilt cache to K at once, then move into the slot."""
+        """Reprefill: cut every layer of the rebuilt cache to what a round leaves (K + r under
+        recent-buffer, K under topk-all) at once, then move into the slot."""
         if self.config.evicts:
             self.evict_due(logical_length, prompt_length, to_budget=True)
         if self.slot is not None:
@@ -207,6 +213,7 @@ class Evictor:
             budget=budget,
             n_protected=self._n_protected(logical_length, prompt_length),
             block=self.policy.block,
+            recent=self.config.recent,
             generator=round_generator(self.config.seed, li, logical_length),
             state=self.state[li],
             pending=self.cache.take_pending(li) if pending else (None, None),
@@ -225,7 +232,7 @@ class Evictor:
             torch.cuda.synchronize()
         t1 = time.perf_counter()
         before = layer.held()
-        self._compact(li, keep, budget + self.config.buffer, pad=self.adaptive)
+        self._compact(li, keep, budget + self.config.recent + self.config.buffer, pad=self.adaptive)
         if self.sync:
             torch.cuda.synchronize()
         t2 = time.perf_counter()

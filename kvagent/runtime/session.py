@@ -3,9 +3,10 @@
 The session keeps the stream (history, prompt length, the last logits), runs its forwards and
 dispatches forget / rewind by mode; its `Evictor` (evictor.py) owns the cache and everything that
 decides what the cache keeps. Persistent mode keeps the cache across turns and evicts
-irreversibly whenever a layer reaches K + r entries (prefill is chunked so it never holds more).
-Reprefill mode re-prefills the whole token history densely at every `append` and compresses once
-to K with that turn's window.
+irreversibly whenever a layer reaches its trigger (K + 2r entries under the recent-buffer
+framework, K + r under topk-all; prefill is chunked so it never holds more). Reprefill mode
+re-prefills the whole token history densely at every `append` and compresses once to what a round
+leaves (K + r, or K) with that turn's window.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class Session:
     def __init__(self, engine: SessionEngine, config: CacheConfig) -> None:
         self.engine = engine
         self.config = config
-        facts = model_defaults(config.policy, engine.model_facts, config.policy_args)
+        known = {**engine.model_facts, "window": config.window}  # what a policy may take from the run
+        facts = model_defaults(config.policy, known, config.policy_args)
         policy = make_policy(config.policy, **facts, **config.policy_args)
         check_budget(config, policy, engine.max_context)
         self.history: list[int] = []
@@ -296,6 +298,7 @@ class Session:
         t0 = time.perf_counter()
         self.engine.forward(chunk)
         self._stats.forward_s += time.perf_counter() - t0
+        self._stats.peak_entries = max(self._stats.peak_entries, *cache.entries())
         logits = chunk.logits
         self.history.extend(ids)
         self._last_logits = logits[-1]

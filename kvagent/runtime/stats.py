@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 class CacheStats:
     logical_length: int = 0  # tokens fed so far
     entries: list[int] = field(default_factory=list)  # live entries per layer (the most one head holds)
+    peak_entries: int = 0  # the most entries one head of any layer has held after a forward
     kv_bytes: list[int] = field(default_factory=list)  # allocated bytes per layer (keys+values+positions)
     rounds: int = 0  # eviction rounds (one round = every layer that was due)
     evicted: int = 0  # entries removed, summed over layers and heads

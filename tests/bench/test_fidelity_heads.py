@@ -70,3 +70,11 @@ def test_the_command_runs_both_and_says_which_policies_stay_uniform(tmp_path, js
     bad = CliRunner().invoke(app, [*args[:-3], "--head-budget", "adaptive", "--policies", "random", "--out",
                                    str(tmp_path / "o2"), "--quiet"])  # fmt: skip
     assert bad.exit_code == 2 and "head-budget" in bad.output
+
+
+def test_records_of_other_frameworks_or_schedules_never_share_a_key():
+    rec = {"episode": "e", "policy": "pyramidkv", "mode": "persistent", "budget": 256}
+    # A record from before issue #26 ran topk-all and the uniform split (pyramidkv's own then).
+    assert record_key(rec) == record_key({**rec, "framework": "topk-all", "schedule": "uniform"})
+    assert record_key(rec) != record_key({**rec, "framework": "recent-buffer", "schedule": "uniform"})
+    assert record_key(rec) != record_key({**rec, "framework": "topk-all", "schedule": "paper"})

@@ -33,6 +33,12 @@ def bool_knob(default: bool) -> Any:
     return knob(default, bool_arg)
 
 
+def recency_knob(check: Check, **check_kw: Any) -> Any:
+    """A policy's own recency keep (SnapKV's keep_window, H2O's recent, ...): None by default, which
+    lets the eviction framework decide (`base.own_recency`); a given value is checked by `check`."""
+    return knob(None, optional(functools.partial(check, **check_kw) if check_kw else check))
+
+
 def knob_names(cls: type) -> list[str]:
     """The knobs a policy class takes: its init fields, in declaration order."""
     return [f.name for f in dataclasses.fields(cls) if f.init]

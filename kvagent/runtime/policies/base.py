@@ -34,6 +34,10 @@ class LayerView:
     generator: torch.Generator  # seeded per (session seed, layer, round); the only randomness allowed
     budget: int  # K for this layer: entries per head kept after the round (adaptive: on average)
     protected: torch.Tensor  # (B, H_kv, N) bool, kept whatever the score
+    # The recent buffer (framework recent-buffer): the newest `recent` entries of every head are
+    # kept outside K whatever the score, so they are no candidates. 0 under topk-all, where a
+    # policy's own recency keep (SnapKV's window, H2O's recent share) is on by default instead.
+    recent: int = 0
     # Block partition for block policies (block > 1): (N,) block id per entry, -1 for protected
     # entries. Ids ascend with recency (0 = oldest block; the newest block is always whole, the
     # oldest may be short). None for token policies.
@@ -50,6 +54,21 @@ class LayerView:
     @property
     def n_entries(self) -> int:
         return self.keys.shape[-2]
+
+    @property
+    def recent_mask(self) -> torch.Tensor:
+        """(B, H_kv, N) bool: each head's `recent` newest real entries (positions ascend along N and
+        a ragged head's PAD entries come first, so they are its last `recent`)."""
+        pos = self.positions
+        mask = torch.zeros(pos.shape, dtype=torch.bool, device=pos.device)
+        if self.recent > 0:
+            mask[..., max(0, pos.shape[-1] - self.recent) :] = True
+        return mask & (pos >= 0)
+
+    @property
+    def candidates(self) -> torch.Tensor:
+        """(B, H_kv, N) bool: the entries a round chooses among (real, not protected, not recent)."""
+        return (self.positions >= 0) & ~self.protected & ~self.recent_mask
 
 
 @dataclass
@@ -70,8 +89,9 @@ class BasePolicy:
     needs_pending_queries = False  # H2O: the runtime keeps all queries since the last round
     adaptive_heads = False  # scores comparable across heads: head_budget=adaptive may use them
     schedule = "uniform"  # how layer_budgets splits K over depth; bench fidelity records it
-    # Constructor arguments the session fills from the model (Engine.model_facts) when policy_args
-    # leaves them out, e.g. TriAttention's RoPE base: a user should not have to copy it by hand.
+    # Constructor arguments the session fills from the model (Engine.model_facts) or the cache
+    # config (its `window`) when policy_args leaves them out, e.g. TriAttention's RoPE base and
+    # PyramidKV's window: a user should not have to copy them by hand.
     model_args: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
@@ -86,6 +106,15 @@ class BasePolicy:
 
     def scores(self, view: LayerView) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def own_recency(value: Any, legacy: Any, off: Any, view: LayerView) -> Any:
+    """A policy's recency knob whose None means "the framework decides": `value` when given, else
+    `off` where the runtime keeps a recent buffer (view.recent > 0, recent-buffer), else `legacy`
+    (the policy's own default, under topk-all)."""
+    if value is not None:
+        return value
+    return off if view.recent > 0 else legacy
 
 
 _REGISTRY: dict[str, type[BasePolicy]] = {}

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kvagent.runtime.policies._args import float_knob
+from kvagent.runtime.policies._args import float_arg, recency_knob
 from kvagent.runtime.policies._attn import group_sum_attention
 from kvagent.runtime.policies._keep import rank_first
-from kvagent.runtime.policies.base import BasePolicy, LayerView, register
+from kvagent.runtime.policies.base import BasePolicy, LayerView, own_recency, register
 
 
 @register
@@ -25,14 +25,16 @@ class H2OPolicy(BasePolicy):
     which the runtime gathers at compaction and zero-pads for new entries.
 
     `recent` (fraction of the budget, paper default 0.5) ranks the newest entries per head first:
-    without it fresh entries, which have had few queries, would always lose to old ones.
+    without it fresh entries, which have had few queries, would always lose to old ones. None
+    (default) leaves it to the framework: 0.5 under topk-all, 0 under recent-buffer, whose recent
+    buffer keeps the newest r entries outside the budget instead.
     """
 
     name = "h2o"
     adaptive_heads = True  # attention mass: comparable across heads (Ada-KV)
     needs_pending_queries = True
 
-    recent: float = float_knob(0.5, 0.0, 1.0, " (fraction of the budget; 0 = pure heavy hitters)")
+    recent: float | None = recency_knob(float_arg, lo=0.0, hi=1.0, hint=" (fraction of the budget)")
 
     def absorb(self, view: LayerView) -> None:
         """Add the pending queries' attention rows to the accumulated score."""
@@ -47,7 +49,8 @@ class H2OPolicy(BasePolicy):
     def scores(self, view: LayerView) -> torch.Tensor:
         self.absorb(view)
         s = self._acc(view).clone()
-        n_recent = min(int(self.recent * view.budget), s.shape[-1])
+        share = own_recency(self.recent, 0.5, 0.0, view)
+        n_recent = min(int(share * view.budget), s.shape[-1])
         if n_recent > 0:
             # Positions ascend along N, so the newest entries of every head are the last ones.
             recent = torch.zeros(s.shape, dtype=torch.bool, device=s.device)

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from kvagent.errors import ConfigError
-from kvagent.runtime.policies._args import knob
+from kvagent.runtime.policies._args import bool_arg, knob, recency_knob
 from kvagent.runtime.policies._keep import rank_first
-from kvagent.runtime.policies.base import BasePolicy, LayerView, register
+from kvagent.runtime.policies.base import BasePolicy, LayerView, own_recency, register
 from kvagent.runtime.policies.snapkv import window_mask
 
 FUSIONS = ("max", "sum")
@@ -50,8 +50,9 @@ class MorphKVPolicy(BasePolicy):
     The cache holds the recent window plus the older entries the recent tokens attend to: each of
     the W window queries gives an attention profile over the older entries (`recent_profiles`),
     the profiles are fused per entry by `fusion` (max: kept if any recent token attends to it
-    strongly, the paper's long-response setting; sum: total attention), and the window's own
-    entries rank first. Per KV head. The cache size is the runtime's: K after each round, so it
+    strongly, the paper's long-response setting; sum: total attention), and with `keep_window`
+    the window's own entries rank first (None, the default, leaves it to the framework: on under
+    topk-all, off under recent-buffer, whose recent buffer keeps the newest entries). Per KV head. The cache size is the runtime's: K after each round, so it
     stays constant; the paper re-selects after every generated token, which is `buffer=1` here
     (a larger buffer re-selects every r tokens).
     """
@@ -59,6 +60,7 @@ class MorphKVPolicy(BasePolicy):
     name = "morphkv"
 
     fusion: str = knob("max", fusion_arg)
+    keep_window: bool | None = recency_knob(bool_arg)
 
     def scores(self, view: LayerView) -> torch.Tensor:
         b, hkv, n = view.positions.shape
@@ -66,4 +68,6 @@ class MorphKVPolicy(BasePolicy):
             return torch.zeros((b, hkv, n), dtype=torch.float32, device=view.keys.device)
         profiles = recent_profiles(view)
         s = profiles.amax(dim=2) if self.fusion == "max" else profiles.sum(dim=2)
-        return rank_first(s, window_mask(view))
+        if own_recency(self.keep_window, True, False, view):
+            s = rank_first(s, window_mask(view))
+        return s

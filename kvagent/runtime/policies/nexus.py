@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from kvagent.errors import ConfigError
-from kvagent.runtime.policies._args import bool_knob, float_knob, int_knob, knob
+from kvagent.runtime.policies._args import bool_knob, float_knob, int_arg, int_knob, knob, recency_knob
 from kvagent.runtime.policies._attn import window_attention
-from kvagent.runtime.policies.base import BasePolicy, LayerView, register
+from kvagent.runtime.policies.base import BasePolicy, LayerView, own_recency, register
 
 _TINY = 1e-20  # floor on weights and row sums: keeps logs finite, never changes an order
 
@@ -97,8 +97,11 @@ class NexusPolicy(BasePolicy):
     One keep-set per layer, whole blocks of `block` entries. Block weight w mixes the direct
     window attention a with a short walk c over the last `walk_steps` window rows (`lam` = 0
     disables the walk); blocks holding the first `sink_blocks * block` positions of the episode
-    and the last `recent_blocks` candidate blocks are forced; the rest are ranked by the n-averaged reservoir priority of w (`n=1` A-Res,
-    `n=inf` or `n=0` deterministic top-K by w). Every entry gets its block's log-priority.
+    and the last `recent_blocks` candidate blocks are forced (None, the default, leaves the recent
+    ones to the framework: 1 under topk-all, 0 under recent-buffer, whose recent buffer of whole
+    blocks is kept outside the candidates); the rest are ranked by the n-averaged reservoir
+    priority of w (`n=1` A-Res, `n=inf` or `n=0` deterministic top-K by w). Every entry gets its
+    block's log-priority.
     `normalize=True` rescales w to mean 1 before sampling (see block_priorities).
     """
 
@@ -110,7 +113,7 @@ class NexusPolicy(BasePolicy):
     lam: float = float_knob(0.5)
     n: float = knob(5, sample_count)
     eps_tie: float = float_knob(1e-6)
-    recent_blocks: int = int_knob(1, 0)
+    recent_blocks: int | None = recency_knob(int_arg, minimum=0)
     sink_blocks: int = int_knob(1, 0)
     normalize: bool = bool_knob(False)
 
@@ -145,7 +148,7 @@ class NexusPolicy(BasePolicy):
         hit = (pos < self.sink_blocks * self.block).float()
         sink = torch.zeros((b, nb), device=pos.device).index_add_(1, ids[cand], hit) > 0
         # Block ids ascend with age: the last ones are the newest.
-        recent = torch.arange(nb, device=pos.device) >= nb - self.recent_blocks
+        recent = torch.arange(nb, device=pos.device) >= nb - own_recency(self.recent_blocks, 1, 0, view)
         return sink | recent
 
     def scores(self, view: LayerView) -> torch.Tensor:

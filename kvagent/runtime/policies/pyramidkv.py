@@ -66,13 +66,16 @@ class PyramidKVPolicy(SnapKVPolicy):
     to (K - window) / beta at the top (`min_budget` floors every layer's K; default 1, the paper).
     Total kept: exactly K * n_layers. Scores are SnapKV's.
 
-    `window` must equal CacheConfig.window (default 16 for both): the policy contract gives
-    `layer_budgets` no window, so it is a knob, and a round that sees more window queries than
-    it reserves warns once.
+    `window` is CacheConfig.window: the policy contract gives `layer_budgets` no window, so it
+    is a knob the session fills from the cache config (`model_args`) unless policy_args sets it;
+    a round that keeps the window (`keep_window`, topk-all) and sees more window queries than it
+    reserves warns once. Under recent-buffer the window is not ranked first (the recent buffer
+    keeps the newest entries), and the reservation stays as the schedule's floor.
     """
 
     name = "pyramidkv"
     schedule = SCHEDULE
+    model_args = ("window",)
 
     beta: float = float_knob(20.0, lo=1.0, hint=" (1 = uniform budgets)")
     window: int = int_knob(16, 0)
@@ -83,6 +86,6 @@ class PyramidKVPolicy(SnapKVPolicy):
 
     def scores(self, view: LayerView) -> torch.Tensor:
         seen = view.queries.shape[2]
-        if self.keep_window and seen > self.window:
+        if self.keeps_window(view) and seen > self.window:
             _warn_window(self.window, seen)
         return super().scores(view)

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvagent.runtime.policies._args import bool_knob, float_knob, knob, odd_kernel
+from kvagent.runtime.policies._args import bool_arg, float_knob, knob, odd_kernel, recency_knob
 from kvagent.runtime.policies._keep import rank_first
-from kvagent.runtime.policies.base import BasePolicy, LayerView, register
+from kvagent.runtime.policies.base import BasePolicy, LayerView, own_recency, register
 from kvagent.runtime.policies.snapkv import window_mask
 
 # Bound on the float32 similarity rows materialised at once (B*H_kv*rows*N), as in _attn.
@@ -71,8 +71,8 @@ class RKVPolicy(BasePolicy):
 
     Score = lam * importance - (1 - lam) * redundancy per KV head (see the two functions above);
     `lam` = 0.1 (paper default), `threshold` = 0.5 and `kernel` = 7 (the authors' code). With
-    `keep_window` (default, as in the paper's observation window) the window's own entries rank
-    above all others. Differences from the authors' code: the attention softmax runs over every
+    `keep_window` the window's own entries rank above all others; None (default) leaves it to the
+    framework: on under topk-all (the paper's observation window), off under recent-buffer. Differences from the authors' code: the attention softmax runs over every
     visible entry (theirs leaves the window's own keys out) and the window is the runtime's W
     (theirs: 8 tokens).
     """
@@ -83,12 +83,12 @@ class RKVPolicy(BasePolicy):
     lam: float = float_knob(0.1, 0.0, 1.0, " (1 = attention only, 0 = redundancy only)")
     threshold: float = float_knob(0.5, -1.0, 1.0, " (a cosine similarity)")
     kernel: int = knob(7, odd_kernel)
-    keep_window: bool = bool_knob(True)
+    keep_window: bool | None = recency_knob(bool_arg)
 
     def scores(self, view: LayerView) -> torch.Tensor:
         s = self.lam * importance(view, self.kernel)
         if self.lam < 1.0:
             s = s - (1.0 - self.lam) * redundancy(view.keys, self.threshold)
-        if self.keep_window:
+        if own_recency(self.keep_window, True, False, view):
             s = rank_first(s, window_mask(view))
         return s

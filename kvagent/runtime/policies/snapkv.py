@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvagent.runtime.policies._args import bool_knob, knob, odd_kernel
+from kvagent.runtime.policies._args import bool_arg, knob, odd_kernel, recency_knob
 from kvagent.runtime.policies._attn import window_attention
 from kvagent.runtime.policies._keep import rank_first
-from kvagent.runtime.policies.base import BasePolicy, LayerView, register
+from kvagent.runtime.policies.base import BasePolicy, LayerView, own_recency, register
 
 
 def snapkv_scores(view: LayerView, kernel: int) -> torch.Tensor:
@@ -45,17 +45,22 @@ class SnapKVPolicy(BasePolicy):
 
     Score per KV head = attention of the last W queries, averaged over the queries and over the
     query heads of the GQA group, max-pooled over `kernel` neighbouring entries. With
-    `keep_window` (default, as in the paper) the window's own entries rank above all others.
+    `keep_window` the window's own entries rank above all others; None (default) leaves it to the
+    framework: on under topk-all (as in the paper), off under recent-buffer, whose recent buffer
+    keeps the newest entries for every policy alike.
     """
 
     name = "snapkv"
     adaptive_heads = True  # attention mass: comparable across heads (Ada-KV)
 
     kernel: int = knob(7, odd_kernel)
-    keep_window: bool = bool_knob(True)
+    keep_window: bool | None = recency_knob(bool_arg)
+
+    def keeps_window(self, view: LayerView) -> bool:
+        return own_recency(self.keep_window, True, False, view)
 
     def scores(self, view: LayerView) -> torch.Tensor:
         s = snapkv_scores(view, self.kernel)
-        if self.keep_window:
+        if self.keeps_window(view):
             s = rank_first(s, window_mask(view))
         return s

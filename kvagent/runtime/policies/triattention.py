@@ -11,9 +11,17 @@ from typing import Any
 
 import torch
 
-from kvagent.runtime.policies._args import bool_knob, float_arg, int_knob, knob, optional
+from kvagent.runtime.policies._args import (
+    bool_knob,
+    float_arg,
+    int_arg,
+    int_knob,
+    knob,
+    optional,
+    recency_knob,
+)
 from kvagent.runtime.policies._keep import rank_first
-from kvagent.runtime.policies.base import BasePolicy, LayerView, register
+from kvagent.runtime.policies.base import BasePolicy, LayerView, own_recency, register
 from kvagent.runtime.policies.knorm import round_relative
 
 
@@ -109,7 +117,8 @@ class TriAttentionPolicy(BasePolicy):
     trigonometric series in their distance (`trig_scores`). Per query head the score is z-scored
     over the evictable entries (`normalize`, default on as in the authors' runner), then each KV
     head takes the max over its GQA group (their per-(layer, head) mode). The newest `recent`
-    entries (default 128, their window) rank first. Distances: 1, 2, 4, ... <= `offset_max`
+    entries rank first; None (default) leaves it to the framework: 128 (their window) under
+    topk-all, 0 under recent-buffer, whose recent buffer keeps the newest r entries instead. Distances: 1, 2, 4, ... <= `offset_max`
     (default 65536), averaged.
 
     Assumptions where the runtime differs from the paper: the query centre and mean norms come
@@ -128,7 +137,7 @@ class TriAttentionPolicy(BasePolicy):
     rope_theta: float | None = knob(None, optional(functools.partial(float_arg, lo=1.0)))
     offset_max: int = int_knob(65536, 1)
     normalize: bool = bool_knob(True)
-    recent: int = int_knob(128, 0)
+    recent: int | None = recency_knob(int_arg, minimum=0)
     # From the model unless given; left out of the repr (D/2 numbers) and of ==.
     inv_freq: torch.Tensor | None = knob(None, frequencies, repr=False, compare=False)
 
@@ -146,13 +155,13 @@ class TriAttentionPolicy(BasePolicy):
         if self.normalize:
             # Over the evictable entries only, as the authors z-score decode tokens but not the
             # protected prefix; the heads of a group then compete on one scale.
-            cand = (~view.protected).unsqueeze(2).to(s.dtype)
+            cand = view.candidates.unsqueeze(2).to(s.dtype)
             cnt = cand.sum(dim=-1, keepdim=True).clamp_min(1.0)
             mean = (s * cand).sum(dim=-1, keepdim=True) / cnt
             var = (((s - mean) * cand) ** 2).sum(dim=-1, keepdim=True) / cnt
             s = (s - mean) / var.sqrt().clamp_min(1e-6)
         s = s.amax(dim=2)
-        n_recent = min(self.recent, n)
+        n_recent = min(own_recency(self.recent, 128, 0, view), n)
         if n_recent > 0:
             # Positions ascend along N, so the newest entries of every head are the last ones.
             recent = torch.zeros(s.shape, dtype=torch.bool, device=s.device)

@@ -47,7 +47,7 @@ class VaSEPolicy(BasePolicy):
     kernel: int = knob(7, odd_kernel)
 
     def scores(self, view: LayerView) -> torch.Tensor:
-        cand = ~view.protected & (view.positions >= 0)
+        cand = view.candidates  # the recent buffer (recent-buffer framework) is kept anyway
         n_large = min(int(self.large * view.budget), view.n_entries)
         rng = value_range(view.values).masked_fill(~cand, float("-inf"))
         top = rng.topk(n_large, dim=-1).indices if n_large else rng.new_zeros((*rng.shape[:2], 0)).long()

@@ -31,14 +31,15 @@ def paper_share(k: int, layer: int) -> float:
 def test_layers_keep_the_papers_counts(six_layer_engine, keep):
     k = int(CONTEXT * keep)
     # Reprefill compresses the appended context once, to each layer's K.
-    cfg = CacheConfig(policy="pyramidkv", budget=k, mode="reprefill", scope="prefill", protect="none",
+    cfg = CacheConfig(policy="pyramidkv", budget=k, buffer=16, mode="reprefill", scope="prefill", protect="none",
                       window=WINDOW, policy_args={"beta": BETA, "window": WINDOW})  # fmt: skip
     s = six_layer_engine.session(cfg)
     ids = torch.randint(0, 512, (CONTEXT,), generator=torch.Generator().manual_seed(5)).tolist()
     s.append(ids)
     kept = s.kept_positions()
-    counts = [int(p.shape[-1]) for p in kept]
-    assert s.stats.rounds == 1
+    # Each layer keeps its K_l plus the recent buffer (framework recent-buffer), outside the schedule.
+    counts = [int(p.shape[-1]) - cfg.recent for p in kept]
+    assert cfg.recent == cfg.buffer and s.stats.rounds == 1
     assert all(abs(c - paper_share(k, i)) < 1 for i, c in enumerate(counts)), counts
     assert sum(counts) == k * N_LAYERS
     assert counts == sorted(counts, reverse=True) and counts[0] > 2 * counts[-1]
