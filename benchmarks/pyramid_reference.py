@@ -63,8 +63,9 @@ def kvagent_side(
             args = {"kernel": kernel} | ({"beta": beta, "window": window} if policy == "pyramidkv" else {})
             for keep in keeps:
                 k = int(context * keep)  # kvpress keeps int(k_len * (1 - compression_ratio))
+                # kvpress compresses once with no recent buffer: its protocol is the topk-all framework
                 cfg = CacheConfig(policy=policy, budget=k, mode="reprefill", scope="prefill", protect="none",
-                                  window=window, policy_args=args)  # fmt: skip
+                                  window=window, policy_args=args, framework="topk-all")  # fmt: skip
                 s = engine.session(cfg)
                 s.append(ep["ids"][:context])
                 kept = list(s.stats.entries)
