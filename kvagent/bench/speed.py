@@ -24,7 +24,11 @@ def _ids(gen: torch.Generator, n: int, vocab: int) -> list[int]:
 
 
 def speed_config(
-    policy: str, budget: int | None, buffer: int, policy_args: dict | None = None
+    policy: str,
+    budget: int | None,
+    buffer: int,
+    policy_args: dict | None = None,
+    framework: str = "recent-buffer",
 ) -> CacheConfig:
     # protect=sink: the synthetic stream has no prompt worth protecting, and the budget need not
     # exceed a prompt length.
@@ -35,6 +39,7 @@ def speed_config(
         protect="sink",
         scope="prefill+decode",
         policy_args=dict(policy_args or {}),
+        framework=framework,
     )
 
 
@@ -48,10 +53,11 @@ def decode_latency(
     seed: int = 0,
     progress=None,
     policy_args: dict | None = None,
+    framework: str = "recent-buffer",
 ) -> list[dict]:
     """One session grows through `lengths`; at each, `steps` decode steps are timed (eviction rounds
     that fire during them included, so per-step time is the amortised cost)."""
-    s = engine.session(speed_config(policy, budget, buffer, policy_args))
+    s = engine.session(speed_config(policy, budget, buffer, policy_args, framework))
     gen = torch.Generator().manual_seed(seed)
     vocab = engine.model.config.vocab_size
     rows = []
@@ -91,14 +97,27 @@ def decode_latency(
     return rows
 
 
-def episode_cost(engine, stream, policy: str, budget: int, buffer: int = 128, policy_args=None) -> list[dict]:
+def episode_cost(
+    engine,
+    stream,
+    policy: str,
+    budget: int,
+    buffer: int = 128,
+    policy_args=None,
+    framework: str = "recent-buffer",
+) -> list[dict]:
     """Prefill tokens, wall time and KV bytes of one episode, persistent vs reprefill."""
     from kvagent.bench.replay import replay
 
     rows = []
     for mode in ("persistent", "reprefill"):
         cfg = CacheConfig(
-            policy=policy, budget=budget, buffer=buffer, mode=mode, policy_args=dict(policy_args or {})
+            policy=policy,
+            budget=budget,
+            buffer=buffer,
+            mode=mode,
+            policy_args=dict(policy_args or {}),
+            framework=framework,
         )
         res = replay(engine, stream, cfg, lambda *a: None, probe=False)
         st = res.stats
@@ -122,8 +141,8 @@ def episode_cost(engine, stream, policy: str, budget: int, buffer: int = 128, po
 
 def speed_markdown(lat: list[dict], episode: list[dict], meta: dict) -> str:
     lines = [
-        f"Model {meta['model']} on {meta['device']} ({meta['dtype']}), K={meta['budget']}, r={meta['buffer']}, "
-        f"{meta['steps']} decode steps per length; {meta['date']}.",
+        f"Model {meta['model']} on {meta['device']} ({meta['dtype']}), K={meta['budget']}, r={meta['buffer']} "
+        f"({meta.get('framework', 'topk-all')}), {meta['steps']} decode steps per length; {meta['date']}.",
         "",
     ]
     lengths = sorted({r["length"] for r in lat})
@@ -225,6 +244,7 @@ def run_speed(
     out_dir: str | Path,
     policy_args: dict[str, dict] | None = None,
     progress=None,
+    framework: str = "recent-buffer",
 ) -> dict:
     """Decode latency of every policy at every length, then persistent vs reprefill on `stream` for the
     first evicting policy; writes speed.json, speed.md and speed.png into `out_dir`."""
@@ -242,6 +262,7 @@ def run_speed(
         "dtype": str(engine.dtype).removeprefix("torch."),
         "budget": budget,
         "buffer": buffer,
+        "framework": framework,
         "steps": steps,
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "threads": torch.get_num_threads(),
@@ -251,11 +272,13 @@ def run_speed(
     bar = progress.task("decode latency", len(policies) * len(lengths))
     for p in policies:
         lat += decode_latency(engine, p, list(lengths), budget, buffer, steps, progress=bar.advance,
-                              policy_args=args.get(p))  # fmt: skip
+                              policy_args=args.get(p), framework=framework)  # fmt: skip
     evicting = [p for p in policies if p != "full"]
     if evicting:
         k = max(budget, roomy_budget(stream.prompt_length))  # protect=prompt needs K > prompt
-        episode = episode_cost(engine, stream, evicting[0], k, buffer, policy_args=args.get(evicting[0]))
+        episode = episode_cost(
+            engine, stream, evicting[0], k, buffer, policy_args=args.get(evicting[0]), framework=framework
+        )
     out = Path(out_dir)
     atomic_write_json(out / "speed.json", {"meta": meta, "decode": lat, "episode": episode})
     atomic_write_text(out / "speed.md", speed_markdown(lat, episode, meta))

@@ -21,6 +21,7 @@ from kvagent.cli.params import (
     ContextLimit,
     Device,
     Dtype,
+    Framework,
     HeadBudget,
     History,
     Isolation,
@@ -124,6 +125,7 @@ def solve(
     seed: Seed = 0,
     policy_arg: PolicyArg = None,
     head_budget: HeadBudget = "uniform",
+    framework: Framework = "recent-buffer",
     max_steps: MaxSteps = 100,
     max_new_tokens: MaxNewTokens = None,
     context_limit: ContextLimit = 65_536,
@@ -174,6 +176,7 @@ def chat(
     seed: Seed = 0,
     policy_arg: PolicyArg = None,
     head_budget: HeadBudget = "uniform",
+    framework: Framework = "recent-buffer",
     approval: Annotated[
         str, typer.Option(help="confirm: a key (y/n/q) before each tool call; yolo: run all.")
     ] = "confirm",

@@ -12,6 +12,7 @@ from kvagent.cli.params import (
     Buffer,
     Device,
     Dtype,
+    Framework,
     Model,
     Modes,
     Policies,
@@ -67,6 +68,13 @@ def bench_fidelity(
             "it, shown as POLICY+adaptive)."
         ),
     ] = "uniform",
+    framework: Annotated[
+        str,
+        typer.Option(
+            help="Comma list: recent-buffer (the papers': the newest r entries never scored), topk-all "
+            "(kvagent's before)."
+        ),
+    ] = "recent-buffer",
 ) -> None:
     """Replay agent episodes under each policy and compare with the full cache."""
     from kvagent.cli.bench import run_fidelity_bench
@@ -163,6 +171,7 @@ def bench_speed(
         int, typer.Option(help="K for the evicting policies (a multiple of their block).")
     ] = 1024,
     buffer: Buffer = 128,
+    framework: Framework = "recent-buffer",
     policy_arg: PolicyArg = None,
     steps: Annotated[
         int, typer.Option(help="Decode steps timed at each length (>= r, so rounds are included).")
@@ -181,7 +190,7 @@ def bench_speed(
     run_speed_bench(
         model=model, policies=policies, lengths=lengths, budget=budget, buffer=buffer,
         policy_arg=policy_arg, steps=steps, episode=episode, device=device, dtype=dtype, out=out,
-        quiet=quiet,
+        quiet=quiet, framework=framework,
     )  # fmt: skip
 
 

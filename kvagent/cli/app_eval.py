@@ -15,6 +15,7 @@ from kvagent.cli.params import (
     ContextLimit,
     Device,
     Dtype,
+    Framework,
     HeadBudget,
     History,
     Instances,
@@ -78,6 +79,7 @@ def eval_(
     protect: Protect = "prompt",
     window: Window = 16,
     head_budget: HeadBudget = "uniform",
+    framework: Framework = "recent-buffer",
     policy_arg: PolicyArg = None,
     env: Annotated[
         str, typer.Option(help="docker (instance images) or local (--repos checkouts).")

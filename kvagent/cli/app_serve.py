@@ -13,6 +13,7 @@ from kvagent.cli.params import (
     Buffer,
     Device,
     Dtype,
+    Framework,
     HeadBudget,
     Mode,
     Model,
@@ -41,6 +42,7 @@ def serve(
     seed: Seed = 0,
     policy_arg: PolicyArg = None,
     head_budget: HeadBudget = "uniform",
+    framework: Framework = "recent-buffer",
     max_batch: Annotated[
         int, typer.Option(help="Sessions whose forwards one batch joins (and requests run at once).")
     ] = 8,

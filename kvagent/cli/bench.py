@@ -95,8 +95,9 @@ def run_fidelity_bench(
 
 
 def run_speed_bench(
-    *, model, policies, lengths, budget, buffer, policy_arg, steps, episode, device, dtype, out, quiet
-) -> dict:
+    *, model, policies, lengths, budget, buffer, policy_arg, steps, episode, device, dtype, out, quiet,
+    framework="recent-buffer",
+) -> dict:  # fmt: skip
     from kvagent.bench.sources import load_episodes
     from kvagent.bench.speed import run_speed, speed_config
     from kvagent.bench.stream import build_stream
@@ -113,15 +114,16 @@ def run_speed_bench(
     if device not in ("auto", "cpu") and not device.startswith("cuda"):
         raise ConfigError(f"device: got {device!r}; use auto, cpu or cuda")
     args = parse_policy_args(policy_arg, pols)
-    sweep(pols, ["persistent"], [budget], buffer=buffer, policy_args=args)  # names and options
+    sweep(pols, ["persistent"], [budget], buffer=buffer, framework=framework, policy_args=args)  # fmt: skip
     check_out_dir(out)
     ep = load_episodes([episode], open_env=local_sandbox)[0]
     engine = load_engine(model, device=device, dtype=dtype)
     for p in pols:  # the budget suits each policy (its block) and the model (its context)
-        engine.session(speed_config(p, budget, buffer, args.get(p)))
+        engine.session(speed_config(p, budget, buffer, args.get(p), framework))
     stream = build_stream(ep, engine.tokenizer)
     with Bars(enabled=not quiet) as bars:
-        result = run_speed(engine, model, pols, lens, budget, buffer, steps, stream, out, args, progress=bars)
+        result = run_speed(engine, model, pols, lens, budget, buffer, steps, stream, out, args, progress=bars,
+                           framework=framework)  # fmt: skip
     outp = Path(out)
     print_markdown((outp / "speed.md").read_text(encoding="utf-8"))
     print(f"wrote {outp / 'speed.json'}, speed.md, speed.png")

@@ -113,7 +113,16 @@ HeadBudget = Annotated[
 ]
 Seed = Annotated[int, typer.Option(help="Seeds eviction draws and sampling.")]
 # cache, every command
-Buffer = Annotated[int, typer.Option(help="r: a round fires at K + r entries.")]
+Buffer = Annotated[
+    int, typer.Option(help="r: a round every r tokens (at K + 2r entries; K + r under topk-all).")
+]
+Framework = Annotated[
+    str,
+    typer.Option(
+        help="recent-buffer (the papers': the newest r entries are never scored, K + r kept) | topk-all "
+        "(kvagent's before: the top K of all entries, each policy with its own recency keep)."
+    ),
+]
 Window = Annotated[int, typer.Option(help="W: recent queries used for scoring.")]
 PolicyArg = Annotated[
     list[str] | None,
