@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvagent.bench.demo_series import memory_bound
+from kvagent.bench.demo_series import memory_band
 from kvagent.bench.plots import _save
 
 COLORS = {"full": "black", "random": "tab:blue", "snapkv": "tab:orange", "nexus": "tab:green"}
@@ -19,6 +19,11 @@ def _label(r: dict) -> str:
 def _style(r: dict, fallback: list[str]) -> dict:
     color = COLORS.get(r["policy"]) or fallback[hash(r["policy"]) % len(fallback)]
     return {"color": color, "linestyle": "-" if r["policy"] == "full" else STYLES.get(r["mode"], ":")}
+
+
+def band_text(k: int, r: int, n: int) -> str:
+    """A band edge as the reader knows it: K, K+r, K+2r, or the plain number."""
+    return {k: f"K={n}", k + r: f"K+r={n}", k + 2 * r: f"K+2r={n}"}.get(n, str(n))
 
 
 def probe_shown(records: list[dict]) -> bool:
@@ -53,11 +58,12 @@ def plot_demo(records: list[dict], path: str | Path, title: str) -> Path:
             fid.plot(
                 r["turn_end"], r["turn_kl"], marker="o", markersize=3, label=_label(r), **_style(r, fallback)
             )
-    bounds = sorted({(r["budget"], memory_bound(r)) for r in evicting})
-    for k, hi in bounds:
-        mem.axhspan(k, hi, color="grey", alpha=0.15, linewidth=0)
-        mem.annotate(f"K={k} .. K+r={hi}", (1, hi), xycoords=("axes fraction", "data"), xytext=(-4, 3),
-                     textcoords="offset points", ha="right", fontsize=8, color="dimgrey")  # fmt: skip
+    bands = sorted({(r["budget"], r["buffer"], *memory_band(r)) for r in evicting if memory_band(r)})
+    for k, buf, lo, hi in bands:
+        mem.axhspan(lo, hi, color="grey", alpha=0.15, linewidth=0)
+        mem.annotate(f"{band_text(k, buf, lo)} .. {band_text(k, buf, hi)}", (1, hi), xytext=(-4, 3),
+                     xycoords=("axes fraction", "data"), textcoords="offset points", ha="right", fontsize=8,
+                     color="dimgrey")  # fmt: skip
     for ax in (mem, fid):
         if fact_at is not None:
             ax.axvline(fact_at, color="purple", linewidth=0.8, linestyle=":")
@@ -66,7 +72,12 @@ def plot_demo(records: list[dict], path: str | Path, title: str) -> Path:
         mem.annotate("fact planted", (fact_at, mem.get_ylim()[1]), xytext=(3, -12), textcoords="offset points",
                      fontsize=8, color="purple")  # fmt: skip
     mem.set_ylabel("KV entries held\n(fullest layer)")
-    mem.set_title("KV memory: the dense cache grows, every evicting run stays in K..K+r", fontsize=10)
+    where = "its band"
+    if len(bands) == 1:
+        k, buf, lo, hi = bands[0]
+        where = f"{band_text(k, buf, lo)}..{band_text(k, buf, hi)}"
+    mem.set_title(f"KV memory between forwards: the dense cache grows, every evicting run stays in {where}\n"
+                  "(reprefill's per-turn rebuild holds the whole history for that prefill)", fontsize=10)  # fmt: skip
     mem.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, 0.93))
     plt.setp(mem.get_xticklabels(), visible=False)
     fid.set_ylabel("mean KL(full‖run)\nper assistant turn")

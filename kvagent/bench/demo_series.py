@@ -1,6 +1,6 @@
 """What the demo's picture plots for each run, from its replay: the KV memory it held over the
 episode's tokens and its fidelity turn by turn (`series`, stored in the run's record), and the
-bound an evicting run's memory stays under (`memory_bound`)."""
+band an evicting run's memory stays in (`memory_band`), read off the run's own capacity."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ def series(stream: Stream, res: ReplayResult) -> dict:
         "turn_kl": kl,
         "turn_top1": top1,
         "fact_at": fact_position(stream),
+        "capacity": res.capacity,
     }
 
 
@@ -41,9 +42,18 @@ def fact_position(stream: Stream) -> int | None:
     return next((i for i in range(len(ids) - n + 1) if ids[i : i + n] == value), None)
 
 
-def memory_bound(record: dict) -> int | None:
-    """The most entries an evicting run's layer holds between forwards: a round runs when a layer
-    reaches K + r (`Session._evict_due`), read off the run's own settings; None for `full`."""
-    if record.get("policy") == "full" or not isinstance(record.get("budget"), int):
+def memory_band(record: dict) -> tuple[int, int] | None:
+    """(low, high): the entries an evicting run's fullest layer holds between forwards once full. High
+    is the run's own capacity as the runtime sized it for its settings (`capacity`: K + r, or its
+    framework's peak); a round makes r entries' room, so low is r under it. None for `full` and for
+    records without a capacity (written before the field, or a budget that is not fixed)."""
+    cap = record.get("capacity")
+    if record.get("policy") == "full" or not isinstance(cap, int):
         return None
-    return record["budget"] + record["buffer"]
+    return cap - record["buffer"], cap
+
+
+def memory_bound(record: dict) -> int | None:
+    """The most entries an evicting run's layer holds between forwards; None for `full`."""
+    band = memory_band(record)
+    return None if band is None else band[1]

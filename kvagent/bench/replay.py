@@ -16,6 +16,7 @@ import torch
 
 from kvagent.bench.stream import Stream
 from kvagent.runtime.config import CacheConfig
+from kvagent.runtime.evictor import pool_capacities
 
 TOPK = 256  # reference tokens kept per position; the rest of the mass is one tail bucket
 PROBE_GREEDY_TOKENS = 24
@@ -42,6 +43,9 @@ class ReplayResult:
     stats: dict = field(default_factory=dict)
     # (tokens fed, entries the fullest layer holds) after each segment: the KV memory over the episode
     memory: list[tuple[int, int]] = field(default_factory=list)
+    # the most entries a layer may hold between forwards, as the runtime sizes it for this config
+    # (K + r, or the framework's peak); None where it is not fixed (dense, fractional, adaptive heads)
+    capacity: int | None = None
     wall_s: float = 0.0
     reference: Reference | None = None
 
@@ -61,6 +65,8 @@ def replay(
     """`on_logits(i, logits, target)` for the i-th scored token. Returns probe results and stats."""
     result = ReplayResult()
     session = engine.session(config)
+    caps = pool_capacities(config, session.policy, engine.n_layers)
+    result.capacity = max(caps) if caps else None
     t0 = time.perf_counter()
     i = 0
     last: torch.Tensor | None = None

@@ -69,7 +69,7 @@ def run_demo(
         )
     title = (
         f"{model} on {stream.name}: {len(stream.ids)} tokens, {stream.n_turns} assistant turns, "
-        f"K={budget}, r={grid[-1].buffer}"
+        f"K={budget}, r={grid[-1].buffer}, {framework_text(records)}"
     )
     _print_table(records, title, engine.n_layers)
     plot_demo(records, Path(out) / PICTURE, title)
@@ -81,6 +81,13 @@ def run_demo(
     if not probe_shown(records):
         print("(no planted-fact column: the full cache does not retrieve the fact on this model)")
     return records
+
+
+def framework_text(records: list[dict]) -> str:
+    """How the evicting runs chose what stays (one framework for the whole demo: the default)."""
+    names = sorted({r.get("framework", "topk-all") for r in records if r["policy"] != "full"})
+    why = {"recent-buffer": "the newest r never scored", "topk-all": "top K of every entry"}
+    return ", ".join(f"framework {n} ({why[n]})" if n in why else f"framework {n}" for n in names)
 
 
 def _demo_sandbox(repo: Path):
@@ -111,7 +118,7 @@ def _print_table(records: list[dict], title: str, n_layers: int) -> None:
     for r in fidelity_rows(records):
         full = r["policy"] == "full"
         row = [
-            r["policy"],
+            r["policy"].split("+")[0],  # the demo varies policy and mode only; the title names the rest
             "-" if full else r["mode"],
             "dense" if r["budget"] is None else str(r["budget"]),
             f"{r['kl']:.4f}",
@@ -130,17 +137,22 @@ def _print_table(records: list[dict], title: str, n_layers: int) -> None:
 
 def _rounds_caption(records: list[dict], n_layers: int) -> str:
     """Why the block policy's round count differs: a round is every layer that is due at once."""
+    from kvagent.bench.demo_plot import band_text
+    from kvagent.bench.demo_series import memory_band
     from kvagent.runtime.policies import make_policy
 
-    text = "rounds: eviction events; each evicts every layer that has reached K + r at that moment."
+    due = next(
+        (band_text(r["budget"], r["buffer"], b[1]) for r in records if (b := memory_band(r))), "its cap"
+    )
+    text = f"rounds: eviction events; each evicts every layer that has reached {due} at that moment."
     blocks = sorted({(r["policy"], make_policy(r["policy"], **(r.get("policy_args") or {})).block)
                      for r in records if r["policy"] != "full"})  # fmt: skip
     for name, block in blocks:
         if block > 1:
             text += (
-                f"\n{name} keeps whole {block}-entry blocks, so a round leaves each of the {n_layers} layers "
-                f"0-{block - 1} entries under K, a different number per layer; the layers then reach K + r at "
-                "different times and most of its rounds evict a few layers only: more, smaller rounds, "
-                "not more rounds per layer."
+                f"\n{name} keeps whole {block}-entry blocks, so a round can leave a layer up to {block - 1} entries "
+                f"short of what it keeps (the block cut at the protected prompt's end), some of the {n_layers} layers "
+                f"short and others not; the layers then reach {due} at different times and most of its rounds "
+                "evict a few layers only: more, smaller rounds, not more rounds per layer."
             )
     return text

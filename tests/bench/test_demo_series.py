@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvagent.bench.demo_series import fact_position, memory_bound, series
+from kvagent.bench.demo_series import fact_position, memory_band, memory_bound, series
 from kvagent.bench.episodes import Episode
 from kvagent.bench.generator import generate_episode
 from kvagent.bench.replay import ReplayResult
@@ -49,7 +49,9 @@ def test_series_gives_per_turn_means_and_where_the_fact_is(port_episode, tokeniz
     assert fact_position(build_stream(Episode("no-probe", port_episode.messages), tokenizer)) is None
 
 
-def test_memory_bound_reads_the_runs_own_budget_and_buffer():
-    assert memory_bound({"policy": "random", "budget": 512, "buffer": 128}) == 640
-    assert memory_bound({"policy": "nexus", "budget": 1024, "buffer": 64}) == 1088
-    assert memory_bound({"policy": "full", "budget": None, "buffer": 128}) is None
+def test_memory_band_reads_the_runs_own_capacity_and_buffer():
+    assert memory_band({"policy": "random", "budget": 512, "buffer": 128, "capacity": 640}) == (512, 640)
+    assert memory_band({"policy": "nexus", "budget": 1024, "buffer": 64, "capacity": 1152}) == (1088, 1152)
+    assert memory_bound({"policy": "nexus", "budget": 1024, "buffer": 64, "capacity": 1152}) == 1152
+    assert memory_band({"policy": "full", "budget": None, "buffer": 128, "capacity": None}) is None
+    assert memory_band({"policy": "random", "budget": 512, "buffer": 128}) is None  # an older record

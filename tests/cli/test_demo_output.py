@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvagent.bench.demo_series import memory_bound
+from kvagent.bench.demo_series import memory_band
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +38,19 @@ def test_the_memory_series_grows_for_full_and_stays_within_k_plus_r_for_every_ev
         assert tokens == sorted(tokens) and tokens[-1] == r["tokens"], r["policy"]  # the whole episode
         if r["policy"] == "full":
             assert held == sorted(held) and held == tokens  # dense: every token fed is held
-            assert memory_bound(r) is None
+            assert memory_band(r) is None
         else:
-            bound = memory_bound(r)
-            assert bound == r["budget"] + r["buffer"] == 640
-            assert max(held) <= bound, (r["policy"], r["mode"], max(held))
-            assert max(held) >= r["budget"]  # it did fill up to K (rounds ran)
+            # The run's own framework sets its peak: a round at K + r back to K (topk-all, and every
+            # record written before the setting), or K + r kept after a round and K + 2r at the peak
+            # (recent-buffer: the r newest are never candidates).
+            peak_rs = 2 if r.get("framework", "topk-all") == "recent-buffer" else 1
+            low, high = memory_band(r)
+            assert (low, high) == (
+                r["budget"] + (peak_rs - 1) * r["buffer"],
+                r["budget"] + peak_rs * r["buffer"],
+            )
+            assert max(held) <= high, (r["policy"], r["mode"], max(held), high)
+            assert max(held) > low, (r["policy"], r["mode"], max(held), low)  # it filled into its band
             assert r["rounds"] > 0
         assert len(r["turn_kl"]) == len(r["turn_top1"]) == len(r["turn_end"]) == r["turns"]
         assert (max(r["turn_kl"]) == 0.0) == (r["policy"] == "full")
@@ -72,6 +79,19 @@ def test_the_demo_names_the_episode_and_model_above_the_table_and_explains_nexus
     _, records = demo
     capsys.readouterr()
     _print_table(records, "tiny-random-qwen3 on gen-s0-t10-compact", 2)
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # the caption wraps
     assert out.index("tiny-random-qwen3 on gen-s0-t10-compact") < out.index("random")
     assert "nexus keeps whole 32-entry blocks" in out
+    # one framework for every run, named once in the title, so the policy column holds plain names
+    assert "nexus+" not in out and "random+" not in out
+    peak = memory_band(next(r for r in records if r["policy"] == "nexus"))[1]
+    assert f"reached K+{'2' if peak - 512 == 256 else ''}r={peak} at that moment" in out
+
+
+def test_the_title_names_the_runs_own_framework():
+    from kvagent.cli.demo import framework_text
+
+    runs = [{"policy": "full"}, {"policy": "random", "framework": "recent-buffer"}]
+    assert framework_text(runs) == "framework recent-buffer (the newest r never scored)"
+    older = [{"policy": "full"}, {"policy": "random"}]  # written before the setting: topk-all
+    assert framework_text(older) == "framework topk-all (top K of every entry)"
