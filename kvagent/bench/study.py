@@ -1,132 +1,108 @@
-"""`kvagent bench study`: the fidelity bench as a study of the two seed papers' claims.
+"""`kvagent bench study --claim NAME`: one pre-registered design (`kvagent.bench.study_design`) run
+as fidelity replays, resumable.
 
-The grid: every policy x mode x budget (a fraction of each episode's length, turned into a fixed
-K for that episode) x seed (for the policies that draw at random), with protect=sink; plus a
-protection ablation (none / sink / prompt) at one budget. Each record also carries the per-token
-scores by position bucket, for the margin-vs-context-length question. Runs go through
-`run_fidelity` (resumable, batched when asked); `kvagent.bench.study_report` turns the records
-into tables, plots and verdicts."""
+Per chosen episode: the full-cache reference, then every arm x mode x budget (a fraction of the
+episode, turned into a fixed K) x seed (seeded arms only) of the design, in the order its tests need
+them (the primary family first), so a study cut short has whole settings over every episode. Each
+record also carries its scores by position (fine buckets) and what the analysis needs to find the
+first eviction. `kvagent.bench.study_analysis` turns the records into the pre-registered tests."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from kvagent.bench import replay as rp
 from kvagent.bench.episodes import Episode
 from kvagent.bench.fidelity import load_records, pending_runs, run_fidelity
 from kvagent.bench.stream import Stream
+from kvagent.bench.study_design import Arm, Design, budget_for
 from kvagent.errors import ConfigError
+from kvagent.fileio import atomic_write_json
 from kvagent.runspec import RunSpec, sweep
-from kvagent.runtime.budget import common_block
 
-# Policies whose keep-set depends on the session seed; they run once per seed and are averaged
-# per episode. Every other policy is deterministic given the episode.
-RANDOM_DRAW = ("random", "nexus")
-PROTECT_MAIN = "sink"
+__all__ = ["budget_for", "run_study", "estimate", "specs_for", "template_grid"]
+
+DESIGN_FILE = "design.json"  # which design an out dir holds
 
 
-@dataclass(frozen=True)
-class StudyPlan:
-    policies: tuple[str, ...]
-    modes: tuple[str, ...] = ("persistent", "reprefill")
-    fractions: tuple[float, ...] = (0.1, 0.2, 0.4)
-    seeds: tuple[int, ...] = (0, 1, 2)
-    ablation_fraction: float = 0.2
-    ablation_protects: tuple[str, ...] = ("none", "sink", "prompt")
-    ablation_policies: tuple[str, ...] | None = None  # None: every policy
-    buffer: int = 128
-    window: int = 16
-    bucket: int = 512  # tokens per position bucket
-    policy_args: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        for f in (*self.fractions, self.ablation_fraction):
-            if isinstance(f, bool) or not isinstance(f, float) or not 0 < f < 1:
-                raise ConfigError(
-                    f"budgets: the study's budgets are fractions in (0,1) of each episode, got {f!r}"
-                )
-        if not self.seeds:
-            raise ConfigError("seeds: got none; pass e.g. --seeds 0,1,2")
-        if self.bucket < 1:
-            raise ConfigError(f"bucket: must be >= 1 token, got {self.bucket}")
-        evicting = [p for p in self.policies if p != "full"]
-        if not evicting:
-            raise ConfigError("policies: the study needs at least one evicting policy (not only `full`)")
-        unknown = set(self.ablation_policies or ()) - set(evicting)
-        if unknown:
-            raise ConfigError(f"ablation-policies: {', '.join(sorted(unknown))} not among --policies")
-
-    @property
-    def evicting(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(p for p in self.policies if p != "full"))
-
-    def seeds_of(self, policy: str) -> tuple[int, ...]:
-        return self.seeds if policy in RANDOM_DRAW else (self.seeds[0],)
+def fixed_settings(design: Design) -> dict:
+    """The cache settings every run of the design shares (r, W, framework)."""
+    return dict(design.fixed)
 
 
-def budget_for(fraction: float, tokens: int) -> int:
-    """The fixed K of a fraction of an episode of `tokens` tokens: rounded to the block every
-    policy accepts, at least one block."""
-    block = common_block()
-    return max(block, round(fraction * tokens / block) * block)
+# ----------------------------------------------------------------------- the grid
+def _specs(design: Design, arms: Sequence[Arm], modes: Sequence[str], seeds: str) -> list[RunSpec]:
+    out: list[RunSpec] = []
+    for mode in modes:
+        for f in design.fractions:
+            for arm in arms:
+                if mode not in design.modes_of(arm) or f not in design.fractions_of(arm):
+                    continue
+                chosen = design.seeds_of(arm)
+                chosen = chosen[:1] if seeds == "first" else chosen[1:] if seeds == "rest" else chosen
+                out += sweep([arm.policy], [mode], [f], chosen, protects=[arm.protect],
+                             policy_args={arm.policy: dict(arm.policy_args)}, **fixed_settings(design))  # fmt: skip
+    return out
 
 
-def template_grid(plan: StudyPlan) -> list[RunSpec]:
-    """The specs with fractional budgets (checked once, before any run); `specs_for` makes them
-    per-episode K. Ordered by what the claims need first (runs go in this order, so a study cut
-    short has whole settings): per mode (in the order given) the main grid and the ablation with
-    the first seed, then the other seeds of the random-draw policies."""
-    fixed = dict(buffer=plan.buffer, window=plan.window, policy_args=plan.policy_args)
-    first, rest = plan.seeds[:1], plan.seeds[1:]
-    ablation = plan.ablation_policies or plan.evicting
-    rand = [p for p in plan.evicting if p in RANDOM_DRAW]
-    specs = [RunSpec("full", buffer=plan.buffer, window=plan.window, seed=plan.seeds[0])]
-    for mode in plan.modes:
-        for f in plan.fractions:
-            specs += sweep(plan.evicting, [mode], [f], first, protects=[PROTECT_MAIN], **fixed)
-        specs += sweep(ablation, [mode], [plan.ablation_fraction], first, protects=plan.ablation_protects,
-                       **fixed)  # fmt: skip
-    if rest and rand:
-        specs += sweep(rand, plan.modes, plan.fractions, rest, protects=[PROTECT_MAIN], **fixed)
-        abl_rand = [p for p in ablation if p in RANDOM_DRAW]
-        if abl_rand:
-            specs += sweep(abl_rand, plan.modes, [plan.ablation_fraction], rest, protects=plan.ablation_protects,
-                           **fixed)  # fmt: skip
+def template_grid(design: Design) -> list[RunSpec]:
+    """The design's specs with fractional budgets, checked once before any run (`specs_for` makes
+    them per-episode K), in run order: the primary family (subject and named baselines in the
+    primary modes, first seed), the subject's other seeds, the subject and named baselines in the
+    other modes, the other arms, the ablations."""
+    subject = [design.arm(design.subject)]
+    named = [design.arm(n) for n in design.named]
+    ablation = {a for pair in design.ablations for a in pair} - {design.subject, *design.named}
+    others = [a for a in design.arms if a.name not in {design.subject, *design.named, *ablation}]
+    rest_modes = [m for m in design.modes if m not in design.primary_modes]
+    fixed = fixed_settings(design)
+    specs = [RunSpec("full", **fixed, seed=design.seeds[0])]
+    specs += _specs(design, subject + named, design.primary_modes, "first")
+    specs += _specs(design, subject, design.primary_modes, "rest")
+    specs += _specs(design, subject + named, rest_modes, "all")
+    specs += _specs(design, others, design.modes, "all")
+    specs += _specs(design, [a for a in design.arms if a.name in ablation], design.modes, "all")
     return list(dict.fromkeys(specs))
 
 
-def specs_for(plan: StudyPlan, stream: Stream) -> list[RunSpec]:
+def specs_for(design: Design, stream: Stream) -> list[RunSpec]:
     n = len(stream.ids)
-    out = [s if s.budget is None else replace(s, budget=budget_for(s.budget, n)) for s in template_grid(plan)]
+    out = [
+        s if s.budget is None else replace(s, budget=budget_for(s.budget, n)) for s in template_grid(design)
+    ]
     return list(dict.fromkeys(out))
 
 
-def fraction_of(record: dict, fractions: Sequence[float]) -> list[float]:
-    """The plan's fractions whose K for this record's episode is the record's budget (several when
-    an episode is short enough for two fractions to round to the same K)."""
-    b = record.get("budget")
-    if b is None:
-        return []
-    return [f for f in fractions if budget_for(f, int(record["tokens"])) == b]
-
-
-def clip_messages(episode: Episode, chars: int) -> Episode:
-    """Each message longer than `chars` keeps its first and last `chars // 2` characters around a
-    marker, as agent scaffolds cut long tool output. Keeps more turns inside a token cut on a CPU,
-    and the planted fact (at the end of its observation) survives."""
-    if chars < 20:
-        raise ConfigError(f"clip-chars: must be >= 20, got {chars}")
-    half = chars // 2
-    msgs = []
+def clip_messages(episode: Episode, chars: int | None, prompt_chars: int | None | str = "same") -> Episode:
+    """Each message longer than its limit keeps the first and last halves of it around a marker, as
+    agent scaffolds cut long tool output: `chars` for every message, or, given `prompt_chars`, that
+    for the messages before the first reply (the prompt) and `chars` for the rest (None: that part
+    whole). More turns fit a token cut on a CPU, a short prompt is a minority of K, and the planted
+    fact (at the end of its observation) survives."""
+    prompt_limit = chars if prompt_chars == "same" else prompt_chars
+    for name, limit in (("clip-chars", chars), ("clip-prompt-chars", prompt_limit)):
+        if limit is not None and limit < 20:
+            raise ConfigError(f"{name}: must be >= 20, got {limit}")
+    msgs, replied = [], False
     for m in episode.messages:
+        replied = replied or m["role"] == "assistant"
+        limit = chars if replied else prompt_limit
         c = m["content"]
-        if len(c) > chars:
+        if limit is not None and len(c) > limit:
+            half = limit // 2
             c = f"{c[:half]}\n[... {len(c) - 2 * half} characters cut ...]\n{c[-half:]}"
         msgs.append({**m, "content": c})
     return replace(episode, messages=msgs)
+
+
+def prepare(design: Design, episode: Episode) -> Episode:
+    """The episode as the design replays it (clipped as it says)."""
+    if design.clip_chars is None and design.clip_prompt_chars is None:
+        return episode
+    return clip_messages(episode, design.clip_chars, design.clip_prompt_chars)
 
 
 # ----------------------------------------------------------------------- position buckets
@@ -137,6 +113,16 @@ def scored_positions(stream: Stream) -> list[int]:
         if seg.kind == "step":
             out.extend(range(pos, pos + len(seg.ids)))
         pos += len(seg.ids)
+    return out
+
+
+def append_ends(stream: Stream) -> list[int]:
+    """The stream length after each appended (not scored) segment: where reprefill compresses."""
+    out, pos = [], 0
+    for seg in stream.segments:
+        pos += len(seg.ids)
+        if seg.kind == "append":
+            out.append(pos)
     return out
 
 
@@ -172,59 +158,117 @@ def replay_tokens(stream: Stream, spec: RunSpec) -> int:
     return n
 
 
-@dataclass(frozen=True)
 class Estimate:
-    runs: int
-    done: int
-    skipped: int
-    tokens: int
-    seconds_per_token: float  # measured: one full-cache replay's wall time per token
+    # Eviction rounds cost extra over the full-cache replay the rate was measured on.
+    OVERHEAD = 1.3
+
+    def __init__(self, runs: int, done: int, skipped: int, tokens: int, seconds_per_token: float):
+        self.runs, self.done, self.skipped = runs, done, skipped
+        self.tokens, self.seconds_per_token = tokens, seconds_per_token
 
     @property
     def seconds(self) -> float:
-        # Eviction rounds cost extra over the full-cache replay the rate was measured on.
-        return EVICTION_OVERHEAD * self.tokens * self.seconds_per_token
+        return self.OVERHEAD * self.tokens * self.seconds_per_token
 
 
-EVICTION_OVERHEAD = 1.3
-
-
-def estimate(engine, streams: Sequence[Stream], plan: StudyPlan, out_dir: str | Path, model_name: str,
+def estimate(engine, streams: Sequence[Stream], design: Design, out_dir: str | Path, model_name: str,
              refs: dict[str, rp.ReplayResult]) -> Estimate:  # fmt: skip
     """Time the first pending episode's full-cache replay (kept in `refs`, so `run_study` does not
     run it again) and scale by the tokens every pending run replays."""
     records = load_records(Path(out_dir))
-    todo, skipped = pending_runs(engine, streams, lambda st: specs_for(plan, st), records, model_name)
-    total = sum(len(specs_for(plan, st)) for st in streams) - len(skipped)
+    todo, skipped = pending_runs(engine, streams, lambda st: specs_for(design, st), records, model_name)
+    total = sum(len(specs_for(design, st)) for st in streams) - len(skipped)
     if not todo:
         return Estimate(total, total, len(skipped), 0, 0.0)
-    first = todo[0][0]
-    t0 = time.perf_counter()
-    refs[first.digest()] = rp.reference_run(engine, first)
-    spt = (time.perf_counter() - t0) / replay_tokens(first, RunSpec("full"))
+    first = next((st for st, _ in todo if st.digest() not in refs), todo[0][0])
+    if first.digest() not in refs:
+        t0 = time.perf_counter()
+        refs[first.digest()] = rp.reference_run(engine, first)
+        spt = (time.perf_counter() - t0) / replay_tokens(first, RunSpec("full"))
+    else:
+        spt = refs[first.digest()].wall_s / replay_tokens(first, RunSpec("full"))
     pending_refs = {st.digest(): st for st, _ in todo if st.digest() not in refs}
     tokens = sum(replay_tokens(st, s) for st, s in todo if s.policy != "full")
     tokens += sum(replay_tokens(st, RunSpec("full")) for st in pending_refs.values())
     return Estimate(total, total - len(todo), len(skipped), tokens, spt)
 
 
-def run_study(engine, streams: Sequence[Stream], plan: StudyPlan, out_dir: str | Path, model_name: str,
+# ----------------------------------------------------------------------- resuming
+def check_resume(design: Design, out_dir: Path, model_name: str) -> None:
+    """Refuse an out dir that holds another design's runs, or runs whose buffer, window or
+    framework differ from this design's: run ids do not show them, so they would mix."""
+    marker = out_dir / DESIGN_FILE
+    if marker.exists():
+        import json
+
+        try:
+            claim = json.loads(marker.read_text(encoding="utf-8")).get("claim")
+        except (json.JSONDecodeError, AttributeError):
+            raise ConfigError(
+                f"out: {marker} is not valid JSON; move it away or pass another --out"
+            ) from None
+        if claim != design.claim:
+            raise ConfigError(
+                f"out: {out_dir} holds the {claim} study; pass another --out for --claim {design.claim}"
+            )
+    want = (design.buffer, design.window, design.framework)
+    for r in load_records(out_dir):
+        if r.get("status") != "ok" or r.get("model") != model_name:
+            continue
+        spec = RunSpec.from_record(r)  # a field the record lacks: what it ran with (framework: topk-all)
+        got = (spec.buffer, spec.window, spec.framework if spec.evicts else design.framework)
+        if got != want:
+            raise ConfigError(
+                f"out: {out_dir} holds runs with r={got[0]}, W={got[1]}, framework={got[2]} but the "
+                f"{design.claim} design runs r={want[0]}, W={want[1]}, framework={want[2]}; pass another --out "
+                "(a study directory never mixes them)"
+            )
+
+
+def save_selection(out_dir: Path, design: Design, chosen: Sequence[Stream], rows: Sequence) -> None:
+    """Which episodes the design chose and why the others were not (`--report-only` reads it back)."""
+    names = {s.name for s in chosen}
+    not_chosen = [{"name": e.name, "reason": e.reason or "eligible, past the planned count"}
+                  for e in rows if e.name not in names]  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / DESIGN_FILE, {"claim": design.claim, **fixed_settings(design),
+                                              "chosen": [s.name for s in chosen], "not_chosen": not_chosen})  # fmt: skip
+
+
+def load_selection(out_dir: Path) -> tuple[list[str] | None, list[dict]]:
+    import json
+
+    marker = out_dir / DESIGN_FILE
+    if not marker.exists():
+        return None, []
+    data = json.loads(marker.read_text(encoding="utf-8"))
+    return data.get("chosen"), list(data.get("not_chosen") or [])
+
+
+def run_study(engine, streams: Sequence[Stream], design: Design, out_dir: str | Path, model_name: str,
               progress=None, concurrency: int = 1, refs: dict | None = None) -> list[dict]:  # fmt: skip
-    """Run (or resume) the study's grid; returns the records of these episodes and this model."""
+    """Run (or resume) the design on `streams` (already chosen); returns their records."""
     if not streams:
-        raise ConfigError("episodes: the study got no episode")
-    names = [s.name for s in streams]
-    if len(set(names)) != len(names):
-        raise ConfigError("episodes: two episodes share a name; the study pairs policies by episode name")
+        raise ConfigError(f"episodes: none is eligible for the {design.claim} design")
+    out = Path(out_dir)
+    check_resume(design, out, model_name)
+    if not (out / DESIGN_FILE).exists():
+        save_selection(out, design, streams, [])
+    n_layers = engine.n_layers
+
+    def annotate(st: Stream, res: rp.ReplayResult) -> dict:
+        return {"positions": position_buckets(st, res, design.fine_bucket), "n_layers": n_layers,
+                "append_ends": append_ends(st)}  # fmt: skip
+
     return run_fidelity(
         engine,
         streams,
-        lambda st: specs_for(plan, st),
-        out_dir,
+        lambda st: specs_for(design, st),
+        out,
         model_name,
         progress=progress,
         plot=False,
-        annotate=lambda st, res: {"positions": position_buckets(st, res, plan.bucket)},
+        annotate=annotate,
         concurrency=concurrency,
         refs=refs,
     )

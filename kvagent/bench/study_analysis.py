@@ -1,59 +1,58 @@
-"""From the study's records to numbers: per-setting means with CIs, the paired comparisons each
-claim rests on, the margin by position, and a verdict per claim (rules below, all on KL).
+"""From a design's records to its pre-registered tests (docs/study.md, "Design").
 
-Random Attention ("with the sink protected, uniform random eviction is about as good as the best
-deterministic top-K"): random minus the best deterministic policy, per mode and budget. "About as
-good" = within EQUIV of the best one's KL: supported when the upper CI bound of the difference is
-inside that margin everywhere, contradicted when the lower bound is beyond it (and Wilcoxon p < ALPHA)
-in most settings.
-
-Nexus ("under persistent eviction, reservoir sampling beats deterministic top-K, by more as the
-context grows"): nexus minus the best deterministic policy, persistent mode. Supported when the
-CI is below zero (and Wilcoxon p < ALPHA) at every budget and the margin grows with position (slope
-p < ALPHA); contradicted when the CI is above zero (Wilcoxon p < ALPHA) at most budgets; otherwise,
-and always below MIN_EPISODES episodes, inconclusive.
-
-The best deterministic policy is picked per setting by its mean KL on the same episodes, so the
-comparison is against the strongest baseline (a post-hoc pick, which favours the baseline)."""
+Unit: the episode (a seeded arm's runs are averaged within an episode first). Primary metric: the
+episode's mean KL(full‖policy) over its scored tokens; a contrast is the per-episode log ratio
+d = log(KL_subject / KL_baseline) (negative: the subject is closer to the full cache), so the margin
+is a factor (log 1.25: within 25%) and episodes of different difficulty weigh alike. Every test is a
+one-sample t-test on d (`study_stats.shift`), Holm-corrected over the design's primary family (the
+named baselines x primary modes x budgets); the bootstrap CI, Wilcoxon and sign tests go along.
+The verdicts (`study_verdicts`) read the Holm-adjusted p-values only."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
-from kvagent.bench.study import PROTECT_MAIN, RANDOM_DRAW, StudyPlan, fraction_of
-from kvagent.bench.study_stats import mean_ci, paired, trend
+from kvagent.bench.study_design import Design, budget_for
+from kvagent.bench.study_stats import holm, mean_ci, paired, shift
 
 METRICS = ("kl", "top1", "logp_true")
 PRIMARY = "kl"
-EQUIV = 0.10  # "about as good": within 10% of the best deterministic policy's mean KL
-ALPHA = 0.05
-# Below this many episodes no verdict is more than "inconclusive": a bootstrap over 3 values has 10
-# distinct resamples, and the Wilcoxon test cannot reach ALPHA before n = 6.
-MIN_EPISODES = 6
 
 
 def _finite(x) -> bool:
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 
-class Table:
-    """Per-episode values (seeds averaged) of each (policy, mode, protect, fraction)."""
+def fraction_of(record: Mapping, fractions: Sequence[float]) -> list[float]:
+    """The design's fractions whose K for this record's episode is the record's budget (several when
+    an episode is short enough for two fractions to round to the same K)."""
+    b = record.get("budget")
+    if b is None:
+        return []
+    return [f for f in fractions if budget_for(f, int(record["tokens"])) == b]
 
-    def __init__(self, records: list[dict], plan: StudyPlan):
-        fractions = sorted({*plan.fractions, plan.ablation_fraction})
-        acc: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
-        self.full: dict[str, dict] = {}
+
+class Table:
+    """The records of one design by (arm, mode, fraction) and episode."""
+
+    def __init__(self, records: Sequence[Mapping], design: Design):
+        self.design = design
+        self.full: dict[str, Mapping] = {}
+        self.runs: dict[tuple, dict[str, list[Mapping]]] = defaultdict(lambda: defaultdict(list))
         for r in records:
             if r.get("status") != "ok":
                 continue
             if r["policy"] == "full":
                 self.full[r["episode"]] = r
                 continue
-            for f in fraction_of(r, fractions):
-                acc[(r["policy"], r["mode"], r["protect"], f)][r["episode"]].append(r)
-        self.runs = acc
+            arm = design.arm_of(r)
+            if arm is None:
+                continue
+            for f in fraction_of(r, design.fractions):
+                self.runs[(arm.name, r["mode"], f)][r["episode"]].append(r)
 
     def values(self, key: tuple, metric: str = PRIMARY) -> dict[str, float]:
         out = {}
@@ -63,208 +62,195 @@ class Table:
                 out[ep] = sum(xs) / len(xs)
         return out
 
-    def buckets(self, key: tuple) -> dict[str, dict[int, float]]:
-        """episode -> {bucket start: KL}, seeds averaged."""
-        out: dict[str, dict[int, float]] = {}
-        for ep, rs in self.runs.get(key, {}).items():
-            acc: dict[int, list[float]] = defaultdict(list)
-            for r in rs:
-                for start, _n, kl, _a, _lp in r.get("positions") or []:
-                    acc[int(start)].append(kl)
-            out[ep] = {b: sum(v) / len(v) for b, v in acc.items()}
-        return out
-
-    def keys(self):
-        return list(self.runs)
+    def complete(self, key: tuple, episodes: Sequence[str]) -> bool:
+        """Every episode has all of the arm's seeds for this setting."""
+        arm = self.design.arm(key[0])
+        want = set(self.design.seeds_of(arm))
+        got = self.runs.get(key, {})
+        return all({r["seed"] for r in got.get(e, [])} >= want for e in episodes)
 
 
 def _ci(c) -> dict:
     return {"mean": c.mean, "lo": c.lo, "hi": c.hi, "n": c.n}
 
 
-def _paired(a: dict[str, float], b: dict[str, float]) -> dict | None:
-    common = sorted(set(a) & set(b))
-    if not common:
+def contrast(table: Table, a: str, b: str, mode: str, fraction: float) -> dict | None:
+    """Arm a against arm b on the episodes both ran: d = log(KL_a / KL_b) per episode."""
+    va, vb = table.values((a, mode, fraction)), table.values((b, mode, fraction))
+    common = sorted(set(va) & set(vb))
+    usable = [e for e in common if va[e] > 0 and vb[e] > 0]
+    if len(usable) < 1:
         return None
-    p = paired([a[e] for e in common], [b[e] for e in common])
-    return {**_ci(p.diff), "p_wilcoxon": p.p_wilcoxon, "p_sign": p.p_sign, "below": p.below,
-            "above": p.above, "ties": p.ties, "episodes": common}  # fmt: skip
+    la, lb = [math.log(va[e]) for e in usable], [math.log(vb[e]) for e in usable]
+    d = [x - y for x, y in zip(la, lb, strict=True)]
+    s = shift(d, table.design.margin)
+    p = paired(la, lb)
+    return {
+        "arm": a, "baseline": b, "mode": mode, "fraction": fraction, "episodes": usable,
+        "excluded": sorted(set(common) - set(usable)),  # a KL of exactly 0 has no log ratio
+        "kl": sum(va[e] for e in usable) / len(usable), "baseline_kl": sum(vb[e] for e in usable) / len(usable),
+        **asdict(s), "ratio": math.exp(s.mean), "boot": _ci(p.diff), "p_wilcoxon": p.p_wilcoxon,
+        "p_sign": p.p_sign, "below": p.below, "above": p.above, "ties": p.ties,
+    }  # fmt: skip
 
 
+def _outcomes(rows: list[dict], test: str, alpha: float) -> None:
+    """Holm over the family `rows`, then each row's outcome (in place)."""
+    if not rows:
+        return
+    if test == "equivalence":
+        for name, key in (("equivalent", "p_equivalent"), ("better", "p_below"), ("worse", "p_beyond_above")):
+            for r, q in zip(rows, holm([r[key] for r in rows]), strict=True):
+                r[f"holm_{name}"] = q
+        for r in rows:
+            r["outcome"] = ("equivalent" if r["holm_equivalent"] < alpha else "better" if r["holm_better"] < alpha
+                            else "worse beyond the margin" if r["holm_worse"] < alpha else "undecided")  # fmt: skip
+    else:
+        for name, key in (("better", "p_below"), ("not_better", "p_within_below"), ("worse", "p_above")):
+            for r, q in zip(rows, holm([r[key] for r in rows]), strict=True):
+                r[f"holm_{name}"] = q
+        for r in rows:
+            r["outcome"] = ("better" if r["holm_better"] < alpha else "worse" if r["holm_worse"] < alpha
+                            else "not better by the margin" if r["holm_not_better"] < alpha else "undecided")  # fmt: skip
+
+
+def family(table: Table, pairs: Sequence[tuple[str, str]], modes: Sequence[str]) -> list[dict]:
+    d = table.design
+    rows = []
+    for mode in modes:
+        for f in d.fractions:
+            for a, b in pairs:
+                c = contrast(table, a, b, mode, f)
+                if c:
+                    rows.append(c)
+    _outcomes(rows, d.test, d.alpha)
+    return rows
+
+
+# ----------------------------------------------------------------------- margin by position
+def first_eviction(record: Mapping) -> int:
+    """The first stream position whose prediction can have seen an evicted cache: once the smallest
+    layer holds more than K + r entries (persistent; one token late for a scheme that evicts at
+    exactly K + r), or the end of the first appended chunk that takes the history past K, if earlier
+    (reprefill compresses there)."""
+    from kvagent.runtime.policies import make_policy
+
+    k = int(record["budget"])
+    n_layers = int(record.get("n_layers") or 1)
+    try:
+        ks = make_policy(record["policy"], **(record.get("policy_args") or {})).layer_budgets(k, n_layers)
+        k = min(int(x) for x in ks)
+    except Exception:  # a policy that has left the registry: its uniform K
+        pass
+    at = k + int(record.get("buffer", 128)) + 1
+    if record.get("mode") == "reprefill":
+        ends = [e for e in record.get("append_ends") or [] if e > k]
+        if ends:
+            at = min(at, ends[0])
+    return at
+
+
+def _buckets(rs: Sequence[Mapping]) -> dict[int, tuple[int, float]]:
+    """start -> (tokens, KL) over fine buckets wholly after every run's first eviction, seeds averaged."""
+    start = max(first_eviction(r) for r in rs)
+    acc: dict[int, list] = defaultdict(list)
+    for r in rs:
+        for b, n, kl, _a, _lp in r.get("positions") or []:
+            if b >= start:
+                acc[int(b)].append((int(n), kl))
+    return {b: (v[0][0], sum(kl for _, kl in v) / len(v)) for b, v in acc.items()}
+
+
+def _slope(points: Sequence[tuple[int, int, float]]) -> float | None:
+    """Weighted least-squares slope (per 1k tokens) of margin on position, weights = tokens."""
+    if len(points) < 3:
+        return None
+    w = [n for _, n, _ in points]
+    sw = sum(w)
+    mx = sum(wi * x for (x, _, _), wi in zip(points, w, strict=True)) / sw
+    my = sum(wi * y for (_, _, y), wi in zip(points, w, strict=True)) / sw
+    sxx = sum(wi * (x - mx) ** 2 for (x, _, _), wi in zip(points, w, strict=True))
+    if sxx == 0:
+        return None
+    sxy = sum(wi * (x - mx) * (y - my) for (x, _, y), wi in zip(points, w, strict=True))
+    return 1000 * sxy / sxx
+
+
+def margin_trend(table: Table, baseline: str, mode: str = "persistent") -> dict:
+    """Margin = KL(baseline) - KL(subject) per fine bucket from the first eviction on (positive: the
+    subject is better); per episode the weighted slope of the margin on position, per budget and
+    averaged over budgets; then across episodes a one-sided t-test (H1: mean slope > 0) and a
+    Wilcoxon test. Also the margin per shown bucket, mean over episodes, for the table and plot."""
+    d = table.design
+    per_episode: dict[str, dict[float, float]] = defaultdict(dict)
+    shown: dict[tuple[float, int], list[float]] = defaultdict(list)
+    for f in d.fractions:
+        mine, theirs = table.runs.get((d.subject, mode, f), {}), table.runs.get((baseline, mode, f), {})
+        for ep in sorted(set(mine) & set(theirs)):
+            a, b = _buckets(mine[ep]), _buckets(theirs[ep])
+            pts = [(x, a[x][0], b[x][1] - a[x][1]) for x in sorted(set(a) & set(b))]
+            s = _slope(pts)
+            if s is not None:
+                per_episode[ep][f] = s
+            by: dict[int, list[tuple[int, float]]] = defaultdict(list)
+            for x, n, m in pts:
+                by[x // d.shown_bucket * d.shown_bucket].append((n, m))
+            for x, v in by.items():
+                shown[(f, x)].append(sum(n * m for n, m in v) / sum(n for n, _ in v))
+    slopes = {ep: sum(v.values()) / len(v) for ep, v in per_episode.items() if len(v) == len(d.fractions)}
+    eps = sorted(slopes)
+    s = shift([slopes[e] for e in eps], 1.0)  # the margin argument is unused for these p-values
+    w = paired([slopes[e] for e in eps], [0.0] * len(eps)) if eps else None
+    rows = [{"fraction": f, "bucket": x, **_ci(mean_ci(v))} for (f, x), v in sorted(shown.items())]
+    return {
+        "baseline": baseline, "mode": mode, "episodes": eps, "slopes": {e: slopes[e] for e in eps},
+        "per_fraction": {e: per_episode[e] for e in eps}, "mean": s.mean, "lo95": s.lo95, "hi95": s.hi95,
+        "p_grows": s.p_above, "p_wilcoxon": w.p_wilcoxon if w else 1.0, "n": s.n, "rows": rows,
+    }  # fmt: skip
+
+
+# ----------------------------------------------------------------------- descriptive tables
 def settings(table: Table) -> list[dict]:
     rows = []
-    for key in sorted(table.keys()):
-        policy, mode, protect, f = key
-        row = {"policy": policy, "mode": mode, "protect": protect, "fraction": f}
+    for key in sorted(
+        table.runs, key=lambda k: ([a.name for a in table.design.arms].index(k[0]), k[1], k[2])
+    ):
+        arm, mode, f = key
+        row = {"arm": arm, "mode": mode, "fraction": f}
         for m in METRICS:
             row[m] = _ci(mean_ci(list(table.values(key, m).values())))
-        retrieved = [r["probe_retrieved"] for rs in table.runs[key].values() for r in rs
-                     if r.get("probe_retrieved") is not None]  # fmt: skip
-        row["retrieval"] = sum(retrieved) / len(retrieved) if retrieved else None
+        row["probe"] = probe_of([r for rs in table.runs[key].values() for r in rs])
         rows.append(row)
     return rows
 
 
-def best_deterministic(table: Table, plan: StudyPlan, mode: str, fraction: float, episodes) -> str | None:
-    """The deterministic policy with the lowest mean KL on `episodes` (only policies that ran on
-    all of them compete, so every mean is over the same episodes)."""
-    means = {}
-    for p in plan.evicting:
-        if p in RANDOM_DRAW:
-            continue
-        v = table.values((p, mode, PROTECT_MAIN, fraction))
-        if episodes and set(episodes) <= set(v):
-            means[p] = sum(v[e] for e in episodes) / len(episodes)
-    return min(means, key=means.get) if means else None
+def probe_of(records: Sequence[Mapping]) -> dict:
+    """The planted-fact probe over runs: how many retrieved it, and the mean log p per value token."""
+    got = [bool(r["probe_retrieved"]) for r in records if r.get("probe_retrieved") is not None]
+    lps = [r["probe_logp"] for r in records if _finite(r.get("probe_logp"))]
+    return {"runs": len(got), "retrieved": sum(got), "rate": sum(got) / len(got) if got else None,
+            "logp": sum(lps) / len(lps) if lps else None}  # fmt: skip
 
 
-def compare(table: Table, plan: StudyPlan, policy: str, modes) -> list[dict]:
-    out = []
-    for mode in modes:
-        for f in plan.fractions:
-            a = table.values((policy, mode, PROTECT_MAIN, f))
-            best = best_deterministic(table, plan, mode, f, sorted(a))
-            if best is None or not a:
-                continue
-            b = table.values((best, mode, PROTECT_MAIN, f))
-            d = _paired(a, b)
-            if d is None:
-                continue
-            ref = sum(b[e] for e in d["episodes"]) / len(d["episodes"])
-            out.append({"policy": policy, "mode": mode, "fraction": f, "best": best, "best_kl": ref,
-                        "policy_kl": ref + d["mean"], **d})  # fmt: skip
-    return out
+def per_episode(table: Table, episodes: Sequence[str]) -> list[dict]:
+    """Each episode's KL under every arm, per mode and budget (seeds averaged)."""
+    d = table.design
+    rows = []
+    for mode in d.modes:
+        for f in d.fractions:
+            vals = {a.name: table.values((a.name, mode, f)) for a in d.arms}
+            for ep in episodes:
+                kl = {a: v[ep] for a, v in vals.items() if ep in v}
+                if kl:
+                    rows.append({"episode": ep, "mode": mode, "fraction": f, "kl": kl})
+    return rows
 
 
-def protection(table: Table, plan: StudyPlan) -> list[dict]:
-    """Each policy's KL with no protection minus with the sink, at the ablation budget."""
-    out = []
-    f = plan.ablation_fraction
-    for p in plan.ablation_policies or plan.evicting:
-        for mode in plan.modes:
-            for other in ("none", "prompt"):
-                d = _paired(table.values((p, mode, other, f)), table.values((p, mode, PROTECT_MAIN, f)))
-                if d:
-                    out.append({"policy": p, "mode": mode, "fraction": f, "contrast": f"{other} - sink", **d})
-    return out
-
-
-def by_position(table: Table, plan: StudyPlan, policy: str = "nexus", mode: str = "persistent") -> dict:
-    """Margin = best deterministic KL - policy KL (positive: the policy is better) per position
-    bucket, per budget, with CIs over episodes; and its trend with position over all of them."""
-    rows, xs, ys = [], [], []
-    for f in plan.fractions:
-        best = best_deterministic(table, plan, mode, f, sorted(table.values((policy, mode, PROTECT_MAIN, f))))
-        if best is None:
-            continue
-        mine, theirs = (
-            table.buckets((policy, mode, PROTECT_MAIN, f)),
-            table.buckets((best, mode, PROTECT_MAIN, f)),
-        )
-        per_bucket: dict[int, list[float]] = defaultdict(list)
-        # Sorted: a bootstrap's CI depends on the order of its values, and set order changes with
-        # each process's string hashing, so `--report-only` would not reproduce the printed CIs.
-        for ep in sorted(set(mine) & set(theirs)):
-            for b in sorted(set(mine[ep]) & set(theirs[ep])):
-                m = theirs[ep][b] - mine[ep][b]
-                per_bucket[b].append(m)
-                xs.append(b)
-                ys.append(m)
-        for b in sorted(per_bucket):
-            rows.append({"fraction": f, "best": best, "bucket": b, **_ci(mean_ci(per_bucket[b]))})
-    return {"policy": policy, "mode": mode, "rows": rows, "trend": asdict(trend(xs, ys))}
-
-
-# ----------------------------------------------------------------------- verdicts
-def _fmt_diff(c: dict) -> str:
-    return f"{c['mean']:+.4f} [{c['lo']:+.4f}, {c['hi']:+.4f}]"
-
-
-def random_verdict(comps: list[dict], prot: list[dict]) -> tuple[str, str]:
-    if not comps:
-        return (
-            "inconclusive",
-            "no random-vs-deterministic comparison ran (random or a deterministic policy missing).",
-        )
-    tol = [EQUIV * max(c["best_kl"], 1e-12) for c in comps]
-    equivalent = [_finite(c["hi"]) and c["hi"] <= t for c, t in zip(comps, tol, strict=True)]
-    worse = [
-        _finite(c["lo"]) and c["lo"] > t and c["p_wilcoxon"] < ALPHA for c, t in zip(comps, tol, strict=True)
-    ]
-    if min(c["n"] for c in comps) < MIN_EPISODES:
-        verdict = "inconclusive"
-    elif all(equivalent):
-        verdict = "supported"
-    elif sum(worse) > len(comps) / 2:
-        verdict = "contradicted"
-    else:
-        verdict = "inconclusive"
-    worst = max(comps, key=lambda c: c["mean"] / max(c["best_kl"], 1e-12))
-    sink = [p for p in prot if p["policy"] == "random" and p["contrast"] == "none - sink"]
-    prot_txt = ""
-    if sink:
-        s = sink[0]
-        prot_txt = (f"; dropping the sink changes random's KL by {_fmt_diff(s)} ({s['mode']}, "
-                    f"Wilcoxon p={s['p_wilcoxon']:.2f})")  # fmt: skip
-    sentence = (
-        f"random minus the best deterministic policy (KL, protect=sink) is within ±{EQUIV:.0%} of the best "
-        f"in {sum(equivalent)}/{len(comps)} settings and significantly worse in {sum(worse)}/{len(comps)} "
-        f"(CI and Wilcoxon p < {ALPHA}); "
-        f"largest gap {worst['mode']} at {worst['fraction']:g}: {_fmt_diff(worst)} vs {worst['best']} "
-        f"(KL {worst['best_kl']:.4f}, n={worst['n']}, Wilcoxon p={worst['p_wilcoxon']:.2f}){prot_txt}."
-    )
-    return verdict, sentence
-
-
-def nexus_verdict(comps: list[dict], pos: dict) -> tuple[str, str]:
-    pers = [c for c in comps if c["mode"] == "persistent"]
-    if not pers:
-        return "inconclusive", "no persistent nexus-vs-deterministic comparison ran."
-    better = [_finite(c["hi"]) and c["hi"] < 0 and c["p_wilcoxon"] < ALPHA for c in pers]
-    worse = [_finite(c["lo"]) and c["lo"] > 0 and c["p_wilcoxon"] < ALPHA for c in pers]
-    t = pos["trend"]
-    grows = _finite(t["slope"]) and t["slope"] > 0 and t["p_slope"] < ALPHA
-    if min(c["n"] for c in pers) < MIN_EPISODES:
-        verdict = "inconclusive"
-    elif all(better) and grows:
-        verdict = "supported"
-    elif sum(worse) > len(pers) / 2:
-        verdict = "contradicted"
-    else:
-        verdict = "inconclusive"
-    parts = ", ".join(
-        f"{c['fraction']:g}: {_fmt_diff(c)} vs {c['best']} (p={c['p_wilcoxon']:.2f})" for c in pers
-    )
-    slope = "n/a" if not _finite(t["slope"]) else f"{t['slope'] * 1000:+.4f} per 1k tokens"
-    sentence = (
-        f"persistent nexus minus the best deterministic policy (KL) by budget: {parts}; nexus is "
-        f"significantly better in {sum(better)}/{len(pers)} and worse in {sum(worse)}/{len(pers)}; the margin's "
-        f"slope with position is {slope} (p={t['p_slope']:.2f}, n={t['n']} episode-buckets)."
-    )
-    return verdict, sentence
-
-
-def analyse(records: list[dict], plan: StudyPlan) -> dict:
-    table = Table(records, plan)
-    rand = compare(table, plan, "random", plan.modes) if "random" in plan.evicting else []
-    nex = compare(table, plan, "nexus", plan.modes) if "nexus" in plan.evicting else []
-    prot = protection(table, plan)
-    pos = by_position(table, plan)
-    rv, rs = random_verdict(rand, prot)
-    nv, ns = nexus_verdict(nex, pos)
-    eps = {}
+def episodes_of(records: Sequence[Mapping], design: Design) -> list[dict]:
+    eps: dict[str, dict] = {}
     for r in records:
         if r.get("status") == "ok":
-            eps.setdefault(
-                r["episode"],
-                {k: r.get(k) for k in ("episode", "tokens", "prompt_tokens", "turns", "n_scored")},
-            )
-    return {
-        "plan": asdict(plan),
-        "runs": sum(r.get("status") == "ok" for r in records),
-        "episodes": sorted(eps.values(), key=lambda e: e["episode"]),
-        "reference_logp": _ci(mean_ci([r["logp_true"] for r in table.full.values()])),
-        "settings": settings(table),
-        "random_attention": {"comparisons": rand, "protection": prot, "verdict": rv, "sentence": rs},
-        "nexus": {"comparisons": nex, "by_position": pos, "verdict": nv, "sentence": ns},
-    }
+            e = eps.setdefault(r["episode"], {k: r.get(k) for k in ("episode", "tokens", "prompt_tokens", "turns",
+                                                                    "n_scored")})  # fmt: skip
+            e["k"] = {f: budget_for(f, int(r["tokens"])) for f in design.fractions}
+    return sorted(eps.values(), key=lambda e: e["episode"])

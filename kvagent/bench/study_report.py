@@ -1,39 +1,43 @@
-"""The study's report: `study.md` (grid, tables, verdicts, the command that made them) and
-`study.json` (every number in it), from `kvagent.bench.study_analysis.analyse`."""
+"""The study's report from `study_verdicts.analyse`: `study.md` (verdict, design, power, episodes,
+the pre-registered family, the other comparisons, the probe), `episodes.md` (the per-episode
+tables) and `study.json` (every number in them)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kvagent.bench.study_analysis import EQUIV, MIN_EPISODES
 from kvagent.fileio import atomic_write_json, atomic_write_text
 
 SECTIONS = (
-    "## Grid",
+    "## Verdict",
+    "## Design",
+    "## Power",
     "## Episodes",
-    "## Fidelity by policy and budget",
-    "## Claim 1: Random Attention",
-    "## Claim 2: Nexus Sampling",
-    "## Protection ablation",
-    "## Margin vs context length",
-    "## Method",
+    "## Primary family",
+    "## Other comparisons",
+    "## Ablation",
+    "## Planted-fact probe",
+    "## Fidelity by arm",
 )
+POSITION = "## Margin by position"
+MODES = "## Persistent vs reprefill"
 
 
 def _f(x, spec: str = ".4f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def _ci(c: dict, spec: str = ".4f") -> str:
-    if c is None or c.get("n", 0) == 0:
+def _ci(c: Mapping | None, spec: str = ".4f") -> str:
+    if not c or c.get("n", 0) == 0:
         return "-"
     if math.isnan(c["lo"]):
         return f"{_f(c['mean'], spec)} (n={c['n']})"
     return f"{_f(c['mean'], spec)} [{_f(c['lo'], spec)}, {_f(c['hi'], spec)}]"
 
 
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -41,150 +45,240 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
-def _grid(a: dict, command: str | None) -> list[str]:
-    p = a["plan"]
+def _exp(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{math.exp(x):.3f}"
+
+
+def _contrasts(rows: Sequence[Mapping], holm: bool) -> list[str]:
+    head = ["arm", "baseline", "mode", "K", "n", "KL arm", "KL baseline", "ratio [95% CI]", "90% CI",
+            "TOST p", "p below", "p above", *(["outcome (Holm)"] if holm else []), "Wilcoxon p", "lower/higher"]  # fmt: skip
+    out = []
+    for c in rows:
+        out.append([
+            c["arm"], c["baseline"], c["mode"], f"{c['fraction']:g}", str(c["n"]), _f(c["kl"]), _f(c["baseline_kl"]),
+            f"{c['ratio']:.3f} [{_exp(c['lo95'])}, {_exp(c['hi95'])}]", f"[{_exp(c['lo90'])}, {_exp(c['hi90'])}]",
+            _f(c["p_equivalent"], ".3g"), _f(c["p_below"], ".3g"), _f(c["p_above"], ".3g"),
+            *([c["outcome"]] if holm else []), _f(c["p_wilcoxon"], ".3g"), f"{c['below']}/{c['above']}",
+        ])  # fmt: skip
+    return _table(head, out) if out else ["(none ran yet)"]
+
+
+def _holm_table(rows: Sequence[Mapping]) -> list[str]:
+    keys = sorted({k for c in rows for k in c if k.startswith("holm_")})
+    body = [[c["baseline"], c["mode"], f"{c['fraction']:g}", *[_f(c[k], ".3g") for k in keys], c["outcome"]]
+            for c in rows]  # fmt: skip
+    return _table(["baseline", "mode", "K", *[k.replace("holm_", "Holm p ") for k in keys], "outcome"], body)
+
+
+def _design(a: Mapping, command: str | None) -> list[str]:
+    d = a["design"]
+    arms = ", ".join(
+        f"{x['name']} ({x['policy']}, protect={x['protect']}"
+        + "".join(f", {k}={v}" for k, v in x["policy_args"].items())
+        + (f", seeds {'/'.join(map(str, d['seeds']))}" if x["seeded"] else "")
+        + (f", {'/'.join(x['modes'])} only" if x["modes"] else "")
+        + (f", K={'/'.join(f'{f:g}' for f in x['fractions'])} only" if x["fractions"] else "")
+        + ")"
+        for x in d["arms"]
+    )
     lines = [
-        f"- policies: {', '.join(p['policies'])} (random draws: seeds {', '.join(map(str, p['seeds']))}; "
-        "deterministic policies run once)",
-        f"- modes: {', '.join(p['modes'])}",
-        f"- budgets: {', '.join(f'{f:g}' for f in p['fractions'])} of each episode's tokens, a fixed K per "
-        "episode (rounded to the common block), protect=sink",
-        f"- protection ablation: {', '.join(p['ablation_protects'])} at {p['ablation_fraction']:g} "
-        "(prompt only where the protected prompt fits in K)",
-        f"- buffer r={p['buffer']}, window W={p['window']}, position buckets of {p['bucket']} tokens",
-        f"- runs in this report: {a['runs']} (a study cut short reports the settings it finished: "
-        "they run setting by setting, each over every episode)",
+        f"- claim tested: {d['statement']}",
+        f"- arms: {arms}",
+        f"- modes: {', '.join(d['modes'])} (primary: {', '.join(d['primary_modes'])}); budgets: "
+        f"{', '.join(f'{f:g}' for f in d['fractions'])} of each episode's tokens, a fixed K per episode",
+        f"- framework {a['framework']} (design: {d['framework']}), r={d['buffer']}, W={d['window']}",
+        f"- episodes: prompt messages clipped to {d['clip_prompt_chars'] or 'no'} characters, later ones to "
+        f"{d['clip_chars'] or 'no'} (head and tail), cut at whole turns at "
+        f"{d['max_tokens']} tokens; eligible with >= {d['min_turns']} assistant turns, >= {d['min_tokens']} tokens"
+        + (f", prompt <= {d['max_prompt_share']:g} x K" if d["max_prompt_share"] else "")
+        + f"; the first {a['power']['needed']} eligible in file order",
+        f"- primary family ({d['family_size']} tests, Holm at alpha={d['alpha']}): {d['subject']} vs "
+        f"{', '.join(d['named'])}; test: {d['test']}; margin: a factor {d['margin_factor']:.2f} in KL",
+        f"- runs in this report: {a['runs']}",
     ]
     if command:
-        lines += ["", "Reproduce:", "", "```", command, "```"]
+        lines += ["", "Reproduce (resumes):", "", "```", command, "```"]
     return lines
 
 
-def _episodes(a: dict) -> list[str]:
-    rows = [[e["episode"], str(e["tokens"]), str(e["prompt_tokens"]), str(e["turns"]), str(e["n_scored"])]
-            for e in a["episodes"]]  # fmt: skip
-    return _table(["episode", "tokens", "prompt", "turns", "scored tokens"], rows)
+def _power(a: Mapping) -> list[str]:
+    p = a["power"]
+    test = "TOST equivalence" if p["test"] == "equivalence" else "one-sided t-test"
+    lines = [
+        f"{test} on the per-episode log ratio, margin log {math.exp(p['margin']):.2f} = {p['margin']:.3f}, "
+        f"assumed SD {p['assumed_sd']:.2f} (pilot), {p['family']} tests at alpha {p['per_test_alpha']:.4f} each "
+        f"(Bonferroni, which Holm never exceeds): {p['needed']} episodes for power {p['target']:.0%}. This "
+        f"report has {p['episodes']} (power {p['power_at_episodes']:.0%} at the assumed SD).",
+    ]
+    if p["reachable_margin_observed"] is not None and math.isfinite(p["reachable_margin_observed"]):
+        lines.append(
+            f"Observed: the median SD of the primary log ratios is {p['observed_sd']:.3f}; at it, "
+            f"{p['episodes']} episodes resolve a factor {math.exp(p['reachable_margin_observed']):.3f} "
+            f"with power {p['target']:.0%}."
+        )
+    return lines
 
 
-def _fidelity(a: dict) -> list[str]:
-    p = a["plan"]
-    out = [f"Mean over episodes [95% bootstrap CI]; protect=sink. Full cache: mean log p(true) "
-           f"{_ci(a['reference_logp'], '.3f')}.", ""]  # fmt: skip
-    main = [s for s in a["settings"] if s["protect"] == "sink" and s["fraction"] in p["fractions"]]
-    for metric, title, spec in (("kl", "KL(full‖policy)", ".4f"), ("top1", "top-1 agreement", ".3f")):
-        for mode in p["modes"]:
-            rows = []
-            for pol in p["policies"]:
-                cells = {s["fraction"]: s for s in main if s["policy"] == pol and s["mode"] == mode}
-                if cells:
-                    rows.append(
-                        [pol, *[_ci(cells[f][metric], spec) if f in cells else "-" for f in p["fractions"]]]
-                    )
-            out += [
-                f"**{title}, {mode}**",
-                "",
-                *_table(["policy", *[f"K={f:g}" for f in p["fractions"]]], rows),
-                "",
-            ]
+def _episodes(a: Mapping) -> list[str]:
+    fr = a["design"]["fractions"]
+    rows = [[e["episode"], str(e["tokens"]), str(e["prompt_tokens"]), str(e["turns"]), str(e["n_scored"]),
+             *[f"{e['k'][f]} ({e['prompt_tokens'] / e['k'][f]:.2f})" for f in fr]] for e in a["episodes"]]  # fmt: skip
+    out = _table(
+        ["episode", "tokens", "prompt", "turns", "scored", *[f"K={f:g} (prompt/K)" for f in fr]], rows
+    )
+    skipped = a.get("eligibility") or []
+    if skipped:
+        out += [
+            "",
+            f"Not chosen ({len(skipped)}): " + "; ".join(f"{e['name']}: {e['reason']}" for e in skipped),
+        ]
     return out
 
 
-def _comparisons(comps: list[dict]) -> list[str]:
-    rows = [
-        [
-            c["mode"],
-            f"{c['fraction']:g}",
-            c["best"],
-            _f(c["best_kl"]),
-            _f(c["policy_kl"]),
-            _ci(c, "+.4f"),
-            _f(c["p_wilcoxon"], ".3f"),
-            _f(c["p_sign"], ".3f"),
-            f"{c['below']}/{c['above']}/{c['ties']}",
-        ]  # fmt: skip
-        for c in comps
-    ]
-    head = ["mode", "K", "best deterministic", "its KL", "policy KL", "difference [CI]",
-            "Wilcoxon p", "sign p", "lower/higher/tie"]  # fmt: skip
-    return _table(head, rows)
-
-
-def _claim(name: str, claim: str, block: dict, settle: str) -> list[str]:
+def _probe(a: Mapping) -> list[str]:
+    ref = a["reference"]["probe"]
+    rows = [["full cache", "-", "-", f"{ref['retrieved']}/{ref['runs']}", _f(ref["logp"], ".3f")]]
+    for s in a["settings"]:
+        p = s["probe"]
+        rows.append(
+            [s["arm"], s["mode"], f"{s['fraction']:g}", f"{p['retrieved']}/{p['runs']}", _f(p["logp"], ".3f")]
+        )
     return [
-        f"Claim: {claim}",
+        "A fact planted once in the first observation, asked for after the episode: runs whose greedy answer "
+        "holds it, and the mean log p per token of its value (teacher forced).",
         "",
-        *_comparisons(block["comparisons"]),
-        "",
-        f"**Verdict: {block['verdict']}** — {block['sentence']}",
-        "",
-        f"What would settle it: {settle}",
+        *_table(["arm", "mode", "K", "retrieved", "log p(value)"], rows),
     ]
 
 
-def _protection(a: dict) -> list[str]:
-    rows = [
-        [c["policy"], c["mode"], c["contrast"], _ci(c, "+.4f"), _f(c["p_wilcoxon"], ".3f"), _f(c["p_sign"], ".3f"), str(c["n"])]
-        for c in a["random_attention"]["protection"]
-    ]  # fmt: skip
-    f = a["plan"]["ablation_fraction"]
+def _settings(a: Mapping) -> list[str]:
+    rows = [[s["arm"], s["mode"], f"{s['fraction']:g}", _ci(s["kl"]), _ci(s["top1"], ".3f"), _ci(s["logp_true"], ".3f")]
+            for s in a["settings"]]  # fmt: skip
     return [
-        f"KL with the other protection minus KL with protect=sink, at K={f:g} (positive: sink is better).",
+        f"Mean over episodes [95% bootstrap CI]. Full cache: mean log p(true) {_ci(a['reference']['logp'], '.3f')}.",
         "",
-        *_table(["policy", "mode", "contrast", "difference [CI]", "Wilcoxon p", "sign p", "episodes"], rows),
+        *_table(["arm", "mode", "K", "KL(full‖arm)", "top-1 agreement", "log p(true)"], rows),
     ]
 
 
-def _position(a: dict) -> list[str]:
-    pos = a["nexus"]["by_position"]
-    rows = [[f"{r['fraction']:g}", r["best"], str(r["bucket"]), _ci(r, "+.4f")] for r in pos["rows"]]
-    t = pos["trend"]
+def _trends(a: Mapping) -> list[str]:
+    out = [
+        "Margin = KL(baseline) - KL(subject) per 32-token bucket of scored tokens from the first eviction on "
+        "(positive: the subject is better); per episode the token-weighted slope on position (per 1k tokens), "
+        "averaged over the budgets; across episodes a one-sided t-test (H1: slope > 0) and Wilcoxon.",
+        "",
+    ]
+    rows = [[t["baseline"], str(t["n"]), f"{_f(t['mean'], '+.4f')} [{_f(t['lo95'], '+.4f')}, {_f(t['hi95'], '+.4f')}]",
+             _f(t["p_grows"], ".3g"), _f(t["p_wilcoxon"], ".3g")] for t in a["trends"]]  # fmt: skip
+    out += _table(["baseline", "episodes", "mean slope [95% CI]", "p (grows)", "Wilcoxon p"], rows)
+    if a["trends"]:
+        t = a["trends"][0]
+        rows = [[f"{r['fraction']:g}", str(r["bucket"]), _ci(r, "+.4f")] for r in t["rows"]]
+        out += ["", f"Margin over {t['baseline']} by position ({a['design']['shown_bucket']}-token buckets, mean over "
+                "episodes [CI]):", "", *_table(["K", "bucket start", "margin [CI]"], rows)]  # fmt: skip
+    return out
+
+
+def _interaction(a: Mapping) -> list[str]:
+    rows = [[c["baseline"], f"{c['fraction']:g}", str(c["n"]), f"{_f(c['mean'], '+.3f')} [{_f(c['lo95'], '+.3f')}, "
+             f"{_f(c['hi95'], '+.3f')}]", _f(c["p_below"], ".3g")] for c in a["interaction"]]  # fmt: skip
     return [
-        f"Margin = KL(best deterministic) - KL({pos['policy']}), {pos['mode']}, per {a['plan']['bucket']}-token "
-        "position bucket of the scored tokens (positive: nexus better), mean over episodes [CI].",
+        "d(persistent) - d(reprefill), d = log(KL subject / KL baseline) per episode (negative: the subject's "
+        "edge is larger under persistent eviction); secondary, uncorrected.",
         "",
-        *_table(["K", "best deterministic", "bucket start", "margin [CI]"], rows),
-        "",
-        f"Trend of the margin with position (all budgets pooled): slope {_f(t['slope'] * 1000 if t['slope'] == t['slope'] else None, '+.5f')} "
-        f"per 1k tokens (linregress p={_f(t['p_slope'], '.3f')}), Spearman rho {_f(t['rho'], '+.2f')} "
-        f"(p={_f(t['p_rho'], '.3f')}), n={t['n']}.",
+        *_table(["baseline", "K", "episodes", "difference [95% CI]", "p (below 0)"], rows),
     ]
 
 
-METHOD = f"""Teacher-forced replay (`kvagent bench fidelity`): each episode's token stream is fed to the
-model under each setting and, at every assistant token, compared with the full-cache run: KL(full‖policy)
-on the reference's top-256 tokens plus a tail bucket, top-1 agreement and log p of the real token.
-Seeds of random-draw policies are averaged within an episode; the episode is the unit of every
-statistic. Means carry 95% percentile-bootstrap CIs over episodes (`scipy.stats.bootstrap`, 4000
-resamples). Paired comparisons use the same episodes under both settings: the bootstrap CI of the
-per-episode difference, the Wilcoxon signed-rank test (`scipy.stats.wilcoxon`) and the sign test
-(`scipy.stats.binomtest`). "About as good" means within {EQUIV:.0%} of the best deterministic policy's
-KL. The margin's trend is `scipy.stats.linregress` and `spearmanr` over (bucket, margin) points. With
-n episodes the smallest two-sided Wilcoxon p is 2/2^n (0.0625 at n=5), so below {MIN_EPISODES} episodes every verdict
-is "inconclusive" whatever the CIs say."""
+def power_summary(design, chosen: Sequence, rows: Sequence) -> str:
+    """What the CLI prints before anything runs: the power calculation and the episodes it picks."""
+    plan = design.power_plan()
+    eligible = [e for e in rows if e.reason is None]
+    test = "TOST equivalence" if plan.test == "equivalence" else "one-sided t-test"
+    lines = [
+        f"study: {design.title} (--claim {design.claim}): {test} on log(KL {design.subject} / KL baseline), margin "
+        f"x{math.exp(design.margin):.2f}, assumed SD {plan.sd:.2f}, {plan.family} tests (Holm; alpha "
+        f"{plan.per_test_alpha:.4f} each for the count): {plan.needed} episodes for power {plan.target:.0%}",
+        f"study: {len(eligible)} of {len(rows)} episodes eligible; running the first {len(chosen)} "
+        f"(power {plan.power(len(chosen)):.0%} at the assumed SD)",
+    ]
+    lines += [f"study: not eligible: {e.name}: {e.reason}" for e in rows if e.reason]
+    return "\n".join(lines)
 
 
-def render(a: dict, command: str | None = None, plots: list[str] | None = None) -> str:
-    ra, nx = a["random_attention"], a["nexus"]
-    lines = ["# Study: eviction policies on real agent trajectories", "", SECTIONS[0], "", *_grid(a, command)]
-    lines += ["", SECTIONS[1], "", *_episodes(a), "", SECTIONS[2], "", *_fidelity(a)]
-    lines += [SECTIONS[3], "", *_claim("random", "once the sink is protected, uniform random eviction is about "
-              "as good as the best deterministic top-K.", ra,
-              "more episodes (the CI shrinks as 1/sqrt(n)), a larger model whose attention is less diffuse, "
-              "and end-task success (SWE-bench Resolved) rather than KL.")]  # fmt: skip
-    lines += ["", SECTIONS[4], "", *_claim("nexus", "under persistent eviction, reservoir sampling over a walk "
-              "score beats deterministic top-K, by more as the context grows.", nx,
-              "longer episodes (8k-32k tokens, a GPU), more episodes, and SWE-bench Resolved under "
-              "persistent eviction.")]  # fmt: skip
-    lines += ["", SECTIONS[5], "", *_protection(a), "", SECTIONS[6], "", *_position(a)]
+def render(a: Mapping, command: str | None = None, plots: Sequence[str] = ()) -> str:
+    d = a["design"]
+    if a["interim"]:
+        p = a["progress"]
+        verdict = (
+            f"**Interim report, no verdict yet: {p['episodes_done']} of {p['episodes_planned']} episodes "
+            f"done** ({a['interim']})"
+        )
+    else:
+        verdict = f"**Verdict: {a['verdict']}**"
+    lines = [
+        f"# Study: {d['title']} (`--claim {d['claim']}`)" + (" — interim" if a["interim"] else ""),
+        "",
+        SECTIONS[0],
+        "",
+        f"{verdict} — {a['sentence']}",
+    ]
+    lines += ["", SECTIONS[1], "", *_design(a, command), "", SECTIONS[2], "", *_power(a)]
+    lines += ["", SECTIONS[3], "", *_episodes(a), "", SECTIONS[4], "", *_contrasts(a["primary"], True)]
+    if a["primary"]:
+        lines += ["", *_holm_table(a["primary"])]
+    lines += [
+        "",
+        SECTIONS[5],
+        "",
+        "Uncorrected across this table (secondary).",
+        "",
+        *_contrasts(a["secondary"], False),
+    ]
+    lines += ["", SECTIONS[6], "", *_contrasts(a["ablation"], False)]
+    if a["trends"]:
+        lines += ["", POSITION, "", *_trends(a)]
+    if a["interaction"]:
+        lines += ["", MODES, "", *_interaction(a)]
+    lines += ["", SECTIONS[7], "", *_probe(a), "", SECTIONS[8], "", *_settings(a)]
     if plots:
         lines += ["", *[f"![{Path(p).stem}]({p})" for p in plots]]
-    lines += ["", SECTIONS[7], "", METHOD, ""]
+    lines += [
+        "",
+        "Per-episode values: [episodes.md](episodes.md); every number: study.json; raw runs: fidelity.json.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_episodes(a: Mapping) -> str:
+    d = a["design"]
+    arms = [x["name"] for x in d["arms"]]
+    lines = [f"# {d['title']}: per-episode KL(full‖arm) (seeds averaged)", ""]
+    for mode in d["modes"]:
+        for f in d["fractions"]:
+            rows = [r for r in a["per_episode"] if r["mode"] == mode and r["fraction"] == f]
+            if not rows:
+                continue
+            shown = [x for x in arms if any(x in r["kl"] for r in rows)]
+            lines += [f"## {mode}, K={f:g}", ""]
+            lines += _table(
+                ["episode", *shown], [[r["episode"], *[_f(r["kl"].get(x)) for x in shown]] for r in rows]
+            )
+            lines.append("")
+    for t in a["trends"]:
+        lines += [f"## Slope of the margin over {t['baseline']} (KL per 1k tokens, persistent)", ""]
+        fr = d["fractions"]
+        body = [[e, *[_f(t["per_fraction"][e].get(f), "+.4f") for f in fr], _f(t["slopes"][e], "+.4f")]
+                for e in t["episodes"]]  # fmt: skip
+        lines += _table(["episode", *[f"K={f:g}" for f in fr], "mean"], body) + [""]
     return "\n".join(lines)
 
 
 def write_report(
-    a: dict, out_dir: str | Path, command: str | None = None, plots: list[str] | None = None
+    a: Mapping, out_dir: str | Path, command: str | None = None, plots: Sequence[str] = ()
 ) -> Path:
     out = Path(out_dir)
     atomic_write_json(out / "study.json", a)
+    atomic_write_text(out / "episodes.md", render_episodes(a))
     return atomic_write_text(out / "study.md", render(a, command, plots))

@@ -127,3 +127,77 @@ def trend(x: Sequence[float], y: Sequence[float]) -> Trend:
     return Trend(
         float(lr.slope), _unit(float(lr.pvalue)), float(sp.statistic), _unit(float(sp.pvalue)), int(xa.size)
     )
+
+
+# ----------------------------------------------------------------------- the pre-registered tests
+@dataclass(frozen=True)
+class Shift:
+    """Per-episode differences d (a log ratio of KL in the study) against a margin delta: the mean
+    with its t intervals, and one-sided t-tests (`scipy.stats.ttest_1samp`):
+
+    - p_equivalent: TOST, the larger p of H0: mu <= -delta and H0: mu >= +delta (small: |mu| < delta);
+    - p_below: H0: mu >= 0 (small: d is below zero); p_above: H0: mu <= 0;
+    - p_within_below: H0: mu <= -delta (small: d is above -delta, i.e. not below by the margin);
+    - p_beyond_above: H0: mu <= +delta (small: d is above the margin)."""
+
+    mean: float
+    sd: float
+    n: int
+    lo95: float
+    hi95: float
+    lo90: float
+    hi90: float
+    p_equivalent: float
+    p_below: float
+    p_above: float
+    p_within_below: float
+    p_beyond_above: float
+
+
+def _one_sided(d: np.ndarray, null: float, alternative: str) -> float:
+    if d.size < 2:
+        return 1.0
+    if np.ptp(d) == 0:  # no spread: the t statistic is infinite or undefined; decide by the sign alone
+        gap = float(d[0]) - null
+        return 0.0 if (gap > 0 if alternative == "greater" else gap < 0) else 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # near-identical values: scipy warns, the p-value stands
+        return _unit(float(stats.ttest_1samp(d, null, alternative=alternative).pvalue))
+
+
+def _t_interval(d: np.ndarray, level: float) -> tuple[float, float]:
+    if d.size < 2:
+        return NAN, NAN
+    m, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size))
+    half = float(stats.t.ppf(0.5 + level / 2, d.size - 1)) * se
+    return m - half, m + half
+
+
+def shift(d: Sequence[float], margin: float) -> Shift:
+    a = _clean(d)
+    if margin <= 0:
+        raise ValueError(f"shift: the margin must be > 0, got {margin}")
+    mean = float(a.mean()) if a.size else NAN
+    sd = float(a.std(ddof=1)) if a.size > 1 else NAN
+    lo95, hi95 = _t_interval(a, 0.95)
+    lo90, hi90 = _t_interval(a, 0.90)
+    p_low = _one_sided(a, -margin, "greater")  # H0: mu <= -margin
+    p_high = _one_sided(a, margin, "less")  # H0: mu >= +margin
+    return Shift(
+        mean=mean, sd=sd, n=int(a.size), lo95=lo95, hi95=hi95, lo90=lo90, hi90=hi90,
+        p_equivalent=max(p_low, p_high), p_below=_one_sided(a, 0.0, "less"),
+        p_above=_one_sided(a, 0.0, "greater"), p_within_below=p_low,
+        p_beyond_above=_one_sided(a, margin, "greater"),
+    )  # fmt: skip
+
+
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment: the i-th smallest p times (m - i), made monotone, capped at 1.
+    Rejecting where the adjusted p < alpha keeps the family-wise error rate at alpha."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out = [1.0] * len(ps)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out

@@ -85,44 +85,30 @@ def bench_fidelity(
 @bench_app.command("study")
 @user_errors
 def bench_study(
+    # Required, but checked in the body: a missing --claim is then the one-line error every other
+    # bad option gives (typer's own "Missing option" is a box under CliRunner).
+    claim: Annotated[
+        str | None,
+        typer.Option(
+            help="The pre-registered design to run (docs/study.md), required: random (Random Attention) "
+            "or nexus (Nexus Sampling)."
+        ),
+    ] = None,
     model: Model = BENCH_MODEL,
-    policies: Annotated[
-        str, typer.Option(help="Comma list of policies, or `all` (every registered one).")
-    ] = "all",
-    modes: Modes = "persistent,reprefill",
-    budgets: Annotated[
-        str, typer.Option(help="Comma list of fractions of each episode's tokens (a fixed K per episode).")
-    ] = "0.1,0.2,0.4",
-    seeds: Annotated[str, typer.Option(help="Seeds of the random-draw policies (random, nexus).")] = "0,1,2",
-    ablation_budget: Annotated[
-        str, typer.Option(help="The protection ablation's budget (a fraction).")
-    ] = "0.2",
-    ablation_protect: Annotated[
-        str, typer.Option(help="Comma list: none, sink, prompt.")
-    ] = "none,sink,prompt",
-    ablation_policies: Annotated[str, typer.Option(help="Policies of the ablation, or `all`.")] = "all",
     episodes: Annotated[
         list[str],
         typer.Option(
-            help="Episode source (repeatable), as for `bench fidelity`: FILE.jsonl[:first=N,ids=a|b], ..."
+            help="Trajectories the design chooses its episodes from (repeatable), as for `bench fidelity`: "
+            "FILE.jsonl[:first=N,ids=a|b], ..."
         ),
     ] = ["../shared/data/trajectories_dev.jsonl"],  # noqa: B006
     out: Annotated[
-        str, typer.Option(help="Directory for fidelity.json (resumable), study.md / .json and PNGs.")
-    ] = "study-out",
-    buffer: Buffer = 128,
-    window: Window = 16,
-    bucket: Annotated[int, typer.Option(help="Tokens per position bucket (margin vs context length).")] = 512,
-    policy_arg: PolicyArg = None,
-    max_tokens: Annotated[
-        int | None, typer.Option(help="Cut each episode to at most this many tokens (whole turns).")
-    ] = 4096,
-    clip_chars: Annotated[
-        int | None,
+        str | None,
         typer.Option(
-            help="Cut each message longer than this many characters to its head and tail. Default: no cut."
+            help="Directory for fidelity.json (resumable), study.md / episodes.md / .json, PNGs. "
+            "Default: study-CLAIM."
         ),
-    ] = None,
+    ] = None,  # fmt: skip
     concurrency: Annotated[
         int,
         typer.Option(
@@ -133,7 +119,7 @@ def bench_study(
         int | None, typer.Option(hidden=True, help="Deprecated name of --concurrency.")
     ] = None,
     estimate_only: Annotated[
-        bool, typer.Option("--estimate-only", help="Print the estimate and stop.")
+        bool, typer.Option("--estimate-only", help="Print the power calculation and the estimate, and stop.")
     ] = False,
     report_only: Annotated[
         bool, typer.Option("--report-only", help="Rebuild the report from --out's results; run nothing.")
@@ -142,19 +128,15 @@ def bench_study(
     device: Device = "auto",
     dtype: Dtype = "auto",
 ) -> None:
-    """The study: every policy x mode x budget x seed on real trajectories, with CIs, paired tests and
-    a verdict on each seed paper's claim (see docs/study.md)."""
+    """The study: one seed paper's claim under its own conditions, a design fixed in advance (episodes,
+    budgets, framework, arms, margin, tests, Holm), with CIs and a verdict (see docs/study.md)."""
     from kvagent.cli.bench import run_study_bench
 
     if workers is not None:  # the name `eval` calls --concurrency
         typer.echo("kvagent: --workers is deprecated; use --concurrency", err=True)
         concurrency = workers
-
     run_study_bench(
-        model=model, policies=policies, modes=modes, budgets=budgets, seeds=seeds,
-        ablation_budget=ablation_budget, ablation_protect=ablation_protect,
-        ablation_policies=ablation_policies, episodes=episodes, out=out, buffer=buffer, window=window,
-        bucket=bucket, policy_arg=policy_arg, max_tokens=max_tokens, clip_chars=clip_chars, concurrency=concurrency,
+        claim=claim, model=model, episodes=episodes, out=out, concurrency=concurrency,
         estimate_only=estimate_only, report_only=report_only, quiet=quiet, device=device, dtype=dtype,
     )  # fmt: skip
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvagent.cli.common import check_out_dir, load_engine, resume_hint
 from kvagent.errors import ConfigError
-from kvagent.options import choice_list, parse_budgets, parse_policy_args, split_list
+from kvagent.options import parse_budgets, parse_policy_args, split_list
 
 
 def local_sandbox(repo: Path):
@@ -15,21 +15,6 @@ def local_sandbox(repo: Path):
     from kvagent.sandbox import open_sandbox
 
     return open_sandbox("local", repo=repo)
-
-
-def study_fraction(text: str, option: str) -> float:
-    """One of the study's budgets: a fraction in (0,1) of each episode's tokens."""
-    from kvagent.options import parse_budget
-
-    b = parse_budget(text, option)
-    if not isinstance(b, float):
-        raise ConfigError(
-            f"{option}: {text.strip()} is not a fraction; the study's budgets are fractions in (0,1) of each "
-            "episode's tokens, e.g. 0.2"
-        )
-    if not 0 < b < 1:
-        raise ConfigError(f"{option}: {text.strip()} is outside (0,1); e.g. 0.2")
-    return b
 
 
 def _setting_value(name: str, text: str):
@@ -131,96 +116,76 @@ def run_speed_bench(
 
 
 def run_study_bench(
-    *, model, policies, modes, budgets, seeds, ablation_budget, ablation_protect, ablation_policies, episodes,
-    out, buffer, window, bucket, policy_arg, max_tokens, clip_chars, concurrency, estimate_only, report_only, quiet,
-    device="auto", dtype="auto",
+    *, claim, model, episodes, out, concurrency, estimate_only, report_only, quiet, device="auto", dtype="auto",
 ) -> dict | None:  # fmt: skip
-    """Plan the study, print its estimated time, run (or resume) it, and write study.md / .json / PNGs."""
+    """Run (or resume) one claim's pre-registered design: the episodes it chooses, the power
+    calculation and the estimated time first; then study.md / episodes.md / .json / PNGs."""
     import shlex
 
+    from kvagent.bench import study as st
     from kvagent.bench.fidelity import load_records
     from kvagent.bench.sources import load_episodes
     from kvagent.bench.stream import build_stream
-    from kvagent.bench.study import StudyPlan, clip_messages, estimate, run_study
-    from kvagent.bench.study_analysis import analyse
+    from kvagent.bench.study_design import DESIGNS, select
     from kvagent.bench.study_plots import plot_study
-    from kvagent.bench.study_report import write_report
-    from kvagent.cli.common import parse_seeds
+    from kvagent.bench.study_report import power_summary, write_report
+    from kvagent.bench.study_verdicts import analyse
     from kvagent.cli.ui import Bars, print_markdown
-    from kvagent.runtime.config import PROTECT
-    from kvagent.runtime.policies import available
 
-    if max_tokens is not None and max_tokens < 1:
-        raise ConfigError(f"max-tokens: must be >= 1, got {max_tokens}")
-    if clip_chars is not None and clip_chars < 1:
-        raise ConfigError(
-            f"clip-chars: must be >= 1 character, got {clip_chars}; leave it out to keep messages whole"
-        )
+    if claim is None:
+        raise ConfigError(f"claim: none given; pass --claim {' or --claim '.join(DESIGNS)} (docs/study.md)")
+    if claim not in DESIGNS:
+        raise ConfigError(f"claim: got {claim!r}; choose one of {', '.join(DESIGNS)}")
     if concurrency < 1:
         raise ConfigError(f"concurrency: must be >= 1, got {concurrency}")
-    names = list(available()) if policies == "all" else split_list(policies, "policies")
-    plan = StudyPlan(
-        policies=tuple(names),
-        modes=tuple(split_list(modes, "modes")),
-        fractions=tuple(study_fraction(b, "budgets") for b in split_list(budgets, "budgets")),
-        seeds=tuple(parse_seeds(seeds)),
-        ablation_fraction=study_fraction(ablation_budget, "ablation-budget"),
-        ablation_protects=tuple(choice_list(ablation_protect, "ablation-protect", PROTECT)),
-        ablation_policies=None if ablation_policies == "all" else tuple(split_list(ablation_policies, "ablation-policies")),
-        buffer=buffer,
-        window=window,
-        bucket=bucket,
-        policy_args=parse_policy_args(policy_arg, names),
-    )  # fmt: skip
-    from kvagent.bench.study import template_grid
-
-    template_grid(plan)  # names, modes, protects and policy options fail here, before the model loads
-    outp = Path(out)
-    # The command that reproduces these tables, from the values used (not argv: defaults included).
-    opts = [("model", model), ("policies", policies), ("modes", modes), ("budgets", budgets), ("seeds", seeds),
-            ("ablation-budget", ablation_budget), ("ablation-protect", ablation_protect),
-            ("ablation-policies", ablation_policies), *[("episodes", e) for e in episodes],
-            ("max-tokens", max_tokens), ("clip-chars", clip_chars), ("buffer", buffer), ("window", window), ("bucket", bucket),
-            *[("policy-arg", a) for a in policy_arg or []], ("out", out)]  # fmt: skip
-    command = "kvagent bench study " + " ".join(
-        f"--{k} {shlex.quote(str(v))}" for k, v in opts if v is not None
-    )
-    check_out_dir(out)
-    if not report_only:
-        eps = load_episodes(list(episodes), open_env=local_sandbox)
-        if clip_chars:
-            eps = [clip_messages(e, clip_chars) for e in eps]
-        engine = load_engine(model, device=device, dtype=dtype, max_batch=concurrency)
-        streams = [build_stream(e, engine.tokenizer, max_tokens=max_tokens) for e in eps]
-        refs: dict = {}
-        print(f"study: timing one full-cache replay of {streams[0].name} ...", flush=True)
-        est = estimate(engine, streams, plan, outp, model, refs)
-        print(
-            f"study: {len(streams)} episodes, {est.runs} runs ({est.done} done, {est.skipped} settings skipped), "
-            f"~{est.tokens:,} tokens to replay at {est.seconds_per_token * 1000:.1f} ms/token: estimated "
-            f"{est.seconds / 3600:.1f} h ({est.seconds / 60:.0f} min)",
-            flush=True,
-        )
-        if estimate_only:
-            return None
-        try:
-            with resume_hint(out), Bars(enabled=not quiet) as bars:
-                records = run_study(
-                    engine, streams, plan, outp, model, progress=bars, concurrency=concurrency, refs=refs
-                )
-        finally:
-            engine.close()
-        wanted = {s.name for s in streams}
-        records = [r for r in records if r["episode"] in wanted]
-    else:
+    design = DESIGNS[claim]
+    out = out or f"study-{claim}"
+    outp = check_out_dir(out)
+    opts = [("claim", claim), ("model", model), *[("episodes", e) for e in episodes], ("out", out),
+            ("concurrency", concurrency)]  # fmt: skip
+    command = "kvagent bench study " + " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in opts)
+    st.check_resume(design, outp, model)
+    if report_only:
         records = [r for r in load_records(outp) if r.get("model") == model]
         if not records:
             raise ConfigError(
                 f"report-only: no results of model {model} in {outp / 'fidelity.json'}; run the study first"
             )
-    result = analyse(records, plan)
+        chosen, not_chosen = st.load_selection(outp)
+    else:
+        eps = load_episodes(list(episodes), open_env=local_sandbox)
+        eps = [st.prepare(design, e) for e in eps]
+        engine = load_engine(model, device=device, dtype=dtype, max_batch=concurrency)
+        try:
+            streams = [build_stream(e, engine.tokenizer, max_tokens=design.max_tokens) for e in eps]
+            picked, rows = select(design, streams)
+            print(power_summary(design, picked, rows), flush=True)
+            if not picked:
+                raise ConfigError(f"episodes: none of the {len(rows)} is eligible for the {claim} design "
+                                  f"(e.g. {rows[0].name}: {rows[0].reason})")  # fmt: skip
+            st.save_selection(outp, design, picked, rows)
+            refs: dict = {}
+            print(f"study: timing one full-cache replay of {picked[0].name} ...", flush=True)
+            est = st.estimate(engine, picked, design, outp, model, refs)
+            print(
+                f"study: {len(picked)} episodes, {est.runs} runs ({est.done} done, {est.skipped} settings skipped), "
+                f"~{est.tokens:,} tokens to replay at {est.seconds_per_token * 1000:.1f} ms/token: estimated "
+                f"{est.seconds / 3600:.1f} h ({est.seconds / 60:.0f} min) one run at a time",
+                flush=True,
+            )
+            if estimate_only:
+                return None
+            with resume_hint(out), Bars(enabled=not quiet) as bars:
+                records = st.run_study(engine, picked, design, outp, model, progress=bars, concurrency=concurrency,
+                                       refs=refs)  # fmt: skip
+        finally:
+            engine.close()
+        chosen = [s.name for s in picked]
+        not_chosen = [{"name": e.name, "reason": e.reason or "eligible, past the planned count"}
+                      for e in rows if e.name not in set(chosen)]  # fmt: skip
+    result = analyse(records, design, chosen, not_chosen)
     plots = [p.name for p in plot_study(result, outp)]
     path = write_report(result, outp, command=command, plots=plots)
     print_markdown(path.read_text(encoding="utf-8"))
-    print(f"wrote {path}, study.json, {', '.join(plots)} (raw runs: {outp / 'fidelity.json'})")
+    print(f"wrote {path}, episodes.md, study.json, {', '.join(plots)} (raw runs: {outp / 'fidelity.json'})")
     return result

@@ -65,7 +65,7 @@ def test_an_output_dir_that_is_a_file_fails_before_any_work(no_model, a_file, re
          "--policies", "full", "--modes", "persistent"],
         ["bench", "fidelity", "--model", "tiny-random-qwen3", "--quiet"],
         ["bench", "speed", "--model", "tiny-random-qwen3", "--quiet"],
-        ["bench", "study", "--model", "tiny-random-qwen3", "--quiet"],
+        ["bench", "study", "--claim", "random", "--model", "tiny-random-qwen3", "--quiet"],
         ["images", "check", "--instances", "0:1", "--dataset", dataset],
         ["grade", "gold", "--dataset", dataset],
     ]  # fmt: skip
@@ -169,14 +169,9 @@ def test_a_grid_number_for_a_text_option_is_taken_as_text():
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        (["--budgets", "none"], ["budgets: none is not a fraction", "e.g. 0.2"]),
-        (["--budgets", "0.1,2"], ["budgets: 2 is not a fraction"]),
-        (["--budgets", "0.1,1.5"], ["budgets: 1.5 is outside (0,1)"]),
-        (["--ablation-budget", "none"], ["ablation-budget: none is not a fraction"]),
-        (["--ablation-budget", "5"], ["ablation-budget: 5 is not a fraction"]),
-        (["--ablation-protect", "foo"], ["ablation-protect: got 'foo'"]),
-        (["--clip-chars", "-5"], ["clip-chars: must be >= 1"]),
-        (["--concurrency", "0"], ["concurrency: must be >= 1"]),
+        ([], ["claim: none given", "--claim random or --claim nexus"]),
+        (["--claim", "foo"], ["claim: got 'foo'", "random, nexus"]),
+        (["--claim", "random", "--concurrency", "0"], ["concurrency: must be >= 1"]),
     ],
 )
 def test_study_options_name_themselves(no_model, args, needles):
@@ -186,8 +181,9 @@ def test_study_options_name_themselves(no_model, args, needles):
 def test_study_takes_concurrency_as_eval_does_and_workers_still_works(no_model, monkeypatch):
     seen = {}
     monkeypatch.setattr("kvagent.cli.bench.run_study_bench", lambda **kw: seen.update(kw))
-    assert invoke(["bench", "study", "--concurrency", "3"]).exit_code == 0 and seen["concurrency"] == 3
-    r = invoke(["bench", "study", "--workers", "2"])
+    assert invoke(["bench", "study", "--claim", "nexus", "--concurrency", "3"]).exit_code == 0
+    assert seen["concurrency"] == 3 and seen["claim"] == "nexus"
+    r = invoke(["bench", "study", "--claim", "random", "--workers", "2"])
     assert r.exit_code == 0 and seen["concurrency"] == 2 and "--workers is deprecated" in r.stderr
     assert "--workers" not in invoke(["bench", "study", "--help"]).stdout
 
