@@ -29,7 +29,9 @@ def _path_without(tmp_path: Path, *names: str) -> str:
 
 
 def test_demo_completes_and_writes_its_table_where_bubblewrap_is_missing(tmp_path, monkeypatch, capsys):
+    from kvagent.bench.tables import row_name
     from kvagent.cli.demo import run_demo
+    from kvagent.runspec import RunSpec
 
     # A fresh Debian: no bubblewrap, and python3 but no `python` (the episode's calls run `python`).
     monkeypatch.setenv("PATH", _path_without(tmp_path, "bwrap", "python"))
@@ -42,7 +44,9 @@ def test_demo_completes_and_writes_its_table_where_bubblewrap_is_missing(tmp_pat
     assert "sandbox: unisolated (bubblewrap is not installed; the demo's calls are scripted)" in printed
     assert "Fidelity vs the full cache" in printed
     assert {(r["policy"], r["mode"]) for r in records} >= {("full", "persistent"), ("random", "reprefill")}
-    assert "| random | persistent |" in (out / "fidelity.md").read_text()
+    rec = next(r for r in records if (r["policy"], r["mode"]) == ("random", "persistent"))
+    name = row_name(RunSpec.from_record(rec).configuration)  # e.g. random+recent-buffer
+    assert f"| {name} | persistent |" in (out / "fidelity.md").read_text()
 
 
 def test_the_generated_episode_reads_the_same_without_bubblewrap_or_a_python_on_path(tmp_path, monkeypatch):
