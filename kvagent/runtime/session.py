@@ -11,6 +11,7 @@ leaves (K + r, or K) with that turn's window.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 import weakref
@@ -25,7 +26,7 @@ from kvagent.runtime.cache import EvictableCache
 from kvagent.runtime.config import CacheConfig, Sampling
 from kvagent.runtime.evictor import Evictor, pool_capacities
 from kvagent.runtime.forward import Chunk
-from kvagent.runtime.generation import Generation, generate_tokens
+from kvagent.runtime.generation import Generation, Stopping, generate_tokens
 from kvagent.runtime.policies import make_policy
 from kvagent.runtime.policies.base import model_defaults
 from kvagent.runtime.scheduler import scheduled
@@ -171,30 +172,55 @@ class Session:
 
     @scheduled
     def generate(
-        self, max_new_tokens: int, sampling: Sampling | None = None, stop=None, on_token=None
+        self,
+        max_new_tokens: int,
+        sampling: Sampling | None = None,
+        stop=None,
+        on_token=None,
+        *,
+        seed: int | None = None,
+        stopping: Stopping | None = None,
+        on_text=None,
     ) -> Generation:
-        """Sample up to `max_new_tokens` with `step`; every sampled id (the last too) is fed.
-        `on_token(id)`, if given, sees each id once it is fed; a true return ends the reply there
-        (finish_reason "interrupted", unless it ended anyway): chat streams and stops replies so."""
+        """Sample up to `max_new_tokens` with `step` (fewer if the model's context ends first); every
+        sampled id (the last too) is fed. `stop`: stop strings (added to `stopping.stop`);
+        `stopping`: stop ids, min_tokens, ignore_eos and what the text keeps (generation.Stopping).
+        `seed`: this reply draws from a generator of its own seeded so (the same seed on the same
+        stream gives the same reply; a server's per-request seed); without it, the session's
+        generator continues (seeded at the first sampled reply from sampling.seed, else the
+        config's). `on_token(id)`, if given, sees each id once it is fed; a true return ends the
+        reply there (finish_reason "interrupted", unless it ended anyway): chat streams and stops
+        replies so. `on_text(text)` sees the reply's text so far whenever more of it is safe to show
+        (never a partial character, never the start of a stop string)."""
         if self._last_logits is None:
             raise ConfigError(f"generate: {self._no_logits()}")
         if self._stale:
             raise ConfigError("generate: forget() changed this reprefill session's history; append first")
         sampling = sampling or Sampling()
-        if self._sample_gen is None:
-            seed = sampling.seed if sampling.seed is not None else self.config.seed
-            self._sample_gen = torch.Generator().manual_seed(seed)
+        stopping = stopping or Stopping()
+        if stop:
+            stopping = dataclasses.replace(stopping, stop=[*stopping.stop, *stop])
+        if seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        else:
+            if self._sample_gen is None:
+                first = sampling.seed if sampling.seed is not None else self.config.seed
+                self._sample_gen = torch.Generator().manual_seed(first)
+            generator = self._sample_gen
         e = self.engine
+        if e.max_context is not None:
+            max_new_tokens = min(max_new_tokens, max(0, e.max_context - self.logical_length))
         return generate_tokens(
             self.step,
             self._last_logits,
             max_new_tokens,
             sampling,
-            self._sample_gen,
+            generator,
             e.tokenizer,
             e.eos_token_ids,
-            stop,
+            stopping,
             on_token,
+            on_text,
         )
 
     def forget(self, positions: Sequence[int]) -> int:

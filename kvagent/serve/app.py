@@ -22,14 +22,14 @@ from starlette.exceptions import HTTPException
 
 from kvagent.errors import KvagentError
 from kvagent.runtime import CacheConfig, Sampling
+from kvagent.runtime.generation import Stopping
 from kvagent.serve import protocol, render
 from kvagent.serve.conversations import Conversations
-from kvagent.serve.decode import DecodeSpec
 from kvagent.serve.errors import Busy, RequestError
 from kvagent.serve.kvconfig import request_config, request_spelling
 from kvagent.serve.metrics import Metrics
 from kvagent.serve.responses import Chunks, chat_body, completion_body, new_id
-from kvagent.serve.runner import Job, Runner
+from kvagent.serve.runner import Job, ReplySpec, Runner
 
 
 @dataclass
@@ -129,7 +129,7 @@ class Server:
             return JSONResponse(chat_body(rid, self.config.model_name, event.value, tools_on))
         return JSONResponse(completion_body(rid, self.config.model_name, event.value))
 
-    def _spec(self, req: protocol.GenRequest, n_prompt: int) -> DecodeSpec:
+    def _spec(self, req: protocol.GenRequest, n_prompt: int) -> ReplySpec:
         ctx = self.engine.max_context
         if ctx and n_prompt >= ctx:
             raise RequestError(
@@ -150,11 +150,11 @@ class Server:
             )
         sampling = Sampling(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
         seed = req.seed if req.seed is not None else secrets.randbits(63)
-        return DecodeSpec(
-            max_tokens=max_tokens, sampling=sampling, seed=seed, stop=req.stop, stop_token_ids=req.stop_token_ids,
-            min_tokens=req.min_tokens, ignore_eos=req.ignore_eos, include_stop_str=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens,
+        stopping = Stopping(
+            stop=req.stop, stop_token_ids=req.stop_token_ids, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
+            include_stop_str=req.include_stop_str_in_output, skip_special_tokens=req.skip_special_tokens,
         )  # fmt: skip
+        return ReplySpec(max_tokens=max_tokens, sampling=sampling, seed=seed, stopping=stopping)
 
     async def _next(self, job: Job, request: Request):
         """The job's next event, or None if the client disconnected first (the job is cancelled)."""

@@ -12,7 +12,8 @@ from typing import Any
 from kvagent.serve import toolcalls
 from kvagent.serve.runner import Outcome
 
-FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+# Session.generate's finish reasons as OpenAI names them ("abort": ended by the client or a drain)
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "interrupted": "abort"}
 
 
 def new_id(prefix: str) -> str:

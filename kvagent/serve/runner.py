@@ -2,7 +2,9 @@
 (`max_batch`; its scheduler joins their forwards), behind a bounded queue. A job reports back to
 its HTTP handler through an asyncio queue: `started` once its prompt is in the cache (errors
 before then become a 4xx response), `text` as the reply grows (streaming only), then `done` or
-`error`. Its cancel flag (client gone, shutdown) ends the reply at the next token."""
+`error`. Its cancel flag (client gone, shutdown) ends the reply at the next token. The reply is
+`Session.generate`'s, with the request's options (`ReplySpec`), so a server reply is the library's
+reply on the same token stream."""
 
 from __future__ import annotations
 
@@ -14,12 +16,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvagent.runtime import CacheConfig
+from kvagent.runtime import CacheConfig, Generation, Sampling
+from kvagent.runtime.generation import Stopping
 from kvagent.serve.conversations import Conversations, Plan
-from kvagent.serve.decode import Decoded, DecodeSpec, decode
 from kvagent.serve.errors import Busy
 
 _STATS = ("prefill_tokens", "decode_tokens", "rounds", "evicted")
+
+
+@dataclass
+class ReplySpec:
+    """A request's reply options, as `Session.generate` takes them."""
+
+    max_tokens: int
+    sampling: Sampling
+    seed: int  # the request's (a random one when it gives none)
+    stopping: Stopping = field(default_factory=Stopping)
 
 
 @dataclass
@@ -33,7 +45,7 @@ class Job:
     prompt: list[int]
     first: int  # a new session's first append: prompt[:first] (render.Prompt)
     config: CacheConfig
-    spec: DecodeSpec
+    spec: ReplySpec
     stream: bool
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -49,7 +61,7 @@ class Job:
 @dataclass
 class Outcome:
     plan: Plan
-    decoded: Decoded
+    decoded: Generation
     usage: dict[str, Any]
     stats: dict[str, Any]  # the session's CacheStats after the reply, plus this request's deltas
     delta: dict[str, int]
@@ -59,7 +71,7 @@ def _counts(stats) -> dict[str, int]:
     return {k: int(getattr(stats, k)) for k in _STATS}
 
 
-def serve_job(engine: Any, conversations: Conversations, job: Job) -> Outcome:
+def serve_job(conversations: Conversations, job: Job) -> Outcome:
     """Continue (or start) the prompt's conversation and sample its reply."""
     plan = conversations.lease(job.prompt, job.config, job.first)
     conv = plan.conv
@@ -71,19 +83,20 @@ def serve_job(engine: Any, conversations: Conversations, job: Job) -> Outcome:
             session.rewind(plan.rewind)
         if plan.status == "new" and conv.first < len(job.prompt):
             session.append(job.prompt[: conv.first])
-            logits = session.append(job.prompt[conv.first :])
+            session.append(job.prompt[conv.first :])
         else:
-            logits = session.append(job.prompt[plan.keep :])
+            session.append(job.prompt[plan.keep :])
         conv.reply_start = job.first  # the newest reply, with the generation prompt before it
         job.emit("started", plan)
         on_text = (lambda text: job.emit("text", text)) if job.stream else None
-        decoded = decode(
-            session,
-            logits,
-            job.spec,
-            max_context=engine.max_context,
+        spec = job.spec
+        decoded = session.generate(
+            spec.max_tokens,
+            spec.sampling,
+            seed=spec.seed,
+            stopping=spec.stopping,
+            on_token=lambda _id: job.cancel.is_set(),  # client gone, or shutdown: end at this token
             on_text=on_text,
-            cancelled=job.cancel.is_set,
         )
         stats = session.stats
         healthy = True
@@ -161,7 +174,7 @@ class Runner:
             if job.cancel.is_set():
                 job.emit("error", Busy("server: the request was cancelled before it ran", status=503))
                 return
-            job.emit("done", serve_job(self.engine, self.conversations, job))
+            job.emit("done", serve_job(self.conversations, job))
         except BaseException as e:  # handed to the request's handler, which answers with it
             job.emit("error", e)
         finally:

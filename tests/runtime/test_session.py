@@ -132,7 +132,7 @@ def test_generate_stops_on_stop_string_and_eos(qwen3_engine):
     g = s.generate(8)
     assert g.finish_reason == "length" and len(g.ids) == 8
     assert s.logical_length == 18  # every sampled id is fed
-    text = qwen3_engine.tokenizer.decode(g.ids[:3])
+    text = qwen3_engine.tokenizer.decode(g.ids[:3]).rstrip("\ufffd")  # whole characters
     s2 = qwen3_engine.session(CacheConfig())
     s2.append(rand_ids(10, 10))
     g2 = s2.generate(8, stop=[text[-2:]])

@@ -44,7 +44,8 @@ class Replay:
     def __init__(self, engine, config) -> None:
         self.session = engine.session(config)
 
-    def turn(self, prompt: list[int], max_tokens: int, sampling=None, first: int | None = None):
+    def turn(self, prompt: list[int], max_tokens: int, sampling=None, first: int | None = None, **options):
+        """`options`: Session.generate's keyword options (seed, stopping)."""
         from kvagent.runtime import Sampling
 
         s = self.session
@@ -59,7 +60,7 @@ class Replay:
             keep = min(common_prefix(prompt, s.history), len(prompt) - 1)
             s.rewind(s.logical_length - keep)
             s.append(prompt[keep:])
-        return s.generate(max_tokens, sampling=sampling or Sampling(temperature=0.0)), keep
+        return s.generate(max_tokens, sampling=sampling or Sampling(temperature=0.0), **options), keep
 
 
 class Served:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
+from kvagent.runtime import Generation
 from kvagent.serve import toolcalls
-from kvagent.serve.decode import Decoded
 from kvagent.serve.protocol import GenRequest
 from kvagent.serve.render import chat_text, takes_tools
 from kvagent.serve.responses import Chunks
@@ -57,7 +57,7 @@ def test_streamed_tool_reply_adds_up_to_the_parsed_one():
     pieces = [chunks.grow(REPLY[:i]) for i in range(1, len(REPLY) + 1)]
     streamed = [json.loads(p[6:])["choices"][0]["delta"].get("content") for p in pieces if p]
     assert "<" not in "".join(streamed), "text of the call was shown as content"
-    outcome = Outcome(None, Decoded([1], REPLY, "stop"), {}, {"session": "s1"}, {})  # type: ignore[arg-type]
+    outcome = Outcome(None, Generation([1], REPLY, "stop"), {}, {"session": "s1"}, {})  # type: ignore[arg-type]
     tail = [json.loads(p[6:]) for p in chunks.end(outcome)]
     content = "".join(streamed) + "".join(t["choices"][0]["delta"].get("content") or "" for t in tail)
     assert content == toolcalls.parse(REPLY).content
