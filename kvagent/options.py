@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvagent.errors import ConfigError
@@ -39,6 +39,24 @@ def parse_budget(text: str | None, what: str = "budget") -> int | float | None:
             f"{what}: {item!r} is not a number; pass tokens (1024) or a fraction (0.2)"
         ) from None
     return int(b) if isinstance(b, float) and b.is_integer() else b
+
+
+def budget_problem(policy: str, budget: Any, say: Callable[..., str]) -> str | None:
+    """The rule of a run's cache settings that spans two fields, which CacheConfig leaves to the
+    commands (it takes a policy without a budget as the full cache): a policy evicts only under a
+    budget, and `full` takes none. `say(field, value=None)` spells a setting as the caller takes it
+    (`--budget 1024`, `kv_budget 1024`); None when the settings are fine."""
+    if policy != "full" and budget is None:
+        return (
+            f"budget: {say('policy', policy)} evicts only under a budget; add {say('budget', 'K')} (e.g. "
+            f"{say('budget', 1024)}) or a fraction ({say('budget', 0.2)}), or use {say('policy', 'full')}"
+        )
+    if policy == "full" and budget is not None:
+        return (
+            f"budget: {say('policy', 'full')} never evicts, so {say('budget', budget)} would do nothing; pick "
+            f"an evicting policy (e.g. {say('policy', 'snapkv')}) or drop {say('budget')}"
+        )
+    return None
 
 
 def parse_budgets(text: str | Sequence[str], what: str = "budgets") -> list[int | float | None]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvagent.errors import ConfigError
-from kvagent.options import parse_budget, parse_policy_args, split_list
+from kvagent.options import budget_problem, parse_budget, parse_policy_args, split_list
 
 
 def _dir_problem(target: Path) -> str | None:
@@ -115,19 +115,18 @@ def cache_config(
         )
     args = parse_policy_args(policy_arg, [policy]).get(policy, {})
     config = CacheConfig(policy=policy, budget=k, policy_args=args, **settings)
-    if policy != "full" and k is None:
-        raise ConfigError(
-            f"budget: --policy {policy} evicts only under a budget; add --budget K (e.g. --budget 1024) or a "
-            "fraction (--budget 0.2), or use --policy full"
-        )
-    if policy == "full" and k is not None:
-        raise ConfigError(
-            f"budget: --policy full never evicts, so --budget {budget} would do nothing; pick an evicting "
-            "policy (e.g. --policy snapkv) or drop --budget"
-        )
+    problem = budget_problem(policy, None if k is None else budget, _option)
+    if problem:
+        raise ConfigError(problem)
     if args:
         make_policy(policy, **args)  # unknown options and bad values, before the model loads
     return config
+
+
+def _option(name: str, value: Any = None) -> str:
+    """A cache setting as the command line takes it: `--budget 1024`."""
+    flag = "--" + name.replace("_", "-")
+    return flag if value is None else f"{flag} {value}"
 
 
 def agent_config(**options: Any) -> Any:

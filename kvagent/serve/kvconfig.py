@@ -1,7 +1,11 @@
 """A request's cache settings: the server's flags are the defaults, `kv_*` body fields override
-them, and the result is checked as the CLI checks its options (CacheConfig's own checks, a policy
-needs a budget and `full` takes none, unknown policy options), with the message's field spelled
-as the request spells it (kv_budget, not budget)."""
+them, and the result is checked as the CLI checks its options (CacheConfig's own checks, the
+policy-needs-a-budget rule of `options.budget_problem`, unknown policy options), with the message's
+field spelled as the request spells it (kv_budget, not budget).
+
+The fields are the run's identity (`runspec.IDENTITY`: every CacheConfig field but how a session
+runs), each `kv_<field>`, its JSON type that of its default (`runspec.DEFAULTS`); so a field added
+to CacheConfig is a request field with no edit here."""
 
 from __future__ import annotations
 
@@ -10,38 +14,33 @@ import json
 import re
 from typing import Any
 
+from kvagent import runspec
 from kvagent.errors import ConfigError
-from kvagent.options import parse_budget
+from kvagent.options import budget_problem, parse_budget
 from kvagent.runtime import CacheConfig
 from kvagent.serve.errors import RequestError
 
-FIELD_OF = {
-    "kv_policy": "policy",
-    "kv_budget": "budget",
-    "kv_buffer": "buffer",
-    "kv_mode": "mode",
-    "kv_scope": "scope",
-    "kv_protect": "protect",
-    "kv_window": "window",
-    "kv_seed": "seed",
-    "kv_policy_args": "policy_args",
-    "kv_head_budget": "head_budget",
-}
-_TYPES = {
-    "policy": str, "mode": str, "scope": str, "protect": str, "head_budget": str,
-    "buffer": int, "window": int, "seed": int, "policy_args": dict,
-}  # fmt: skip
-_LEADING = re.compile(r"^(policy_args|policy|budget|buffer|mode|scope|protect|window|seed|head_budget)\b")
+_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object"}
+
+
+def kv_fields() -> dict[str, str]:
+    """`kv_<field>` -> field, for every field of a run's identity (read as runspec has it now)."""
+    return {f"kv_{name}": name for name in runspec.IDENTITY}
 
 
 def request_spelling(message: str) -> str:
-    """`budget: ...` -> `kv_budget: ...` (the field as the request names it)."""
-    return _LEADING.sub(lambda m: "kv_" + m.group(1), message, count=1)
+    """`budget: ...` -> `kv_budget: ...` (the field as the request names it): a message from
+    CacheConfig or the runtime starts with the field it is about."""
+    names = sorted(map(re.escape, runspec.IDENTITY), key=len, reverse=True)
+    return re.sub(r"^(" + "|".join(names) + r")\b", lambda m: "kv_" + m.group(1), message, count=1)
 
 
-def _value(key: str, value: Any) -> Any:
-    name = FIELD_OF[key]
-    if name == "budget":
+def _say(name: str, value: Any = None) -> str:
+    return f"kv_{name}" if value is None else f"kv_{name} {value}"
+
+
+def _value(key: str, name: str, value: Any) -> Any:
+    if name == "budget":  # tokens, a fraction, or a string the CLI would take ("1024", "0.2")
         if isinstance(value, str):
             try:
                 return parse_budget(value, key)
@@ -49,13 +48,18 @@ def _value(key: str, value: Any) -> Any:
                 raise RequestError(str(e), param=key) from None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise RequestError(
-                f"{key}: expected tokens (an int) or a fraction in (0,1), got {json.dumps(value)}"
+                f"{key}: expected tokens (an int) or a fraction in (0,1), got {json.dumps(value)}", param=key
             )
         return value
-    want = _TYPES[name]
-    if isinstance(value, bool) or not isinstance(value, want):
-        kind = {str: "a string", int: "an integer", dict: "an object"}[want]
-        raise RequestError(f"{key}: expected {kind}, got {json.dumps(value)}", param=key)
+    default = runspec.DEFAULTS[name]
+    want = type(default)
+    if default is None or want not in _KINDS:  # no type to hold it to: CacheConfig checks the value
+        return value
+    ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise RequestError(f"{key}: expected {_KINDS[want]}, got {json.dumps(value)}", param=key)
     return value
 
 
@@ -63,26 +67,17 @@ def request_config(defaults: CacheConfig, kv: dict[str, Any]) -> CacheConfig:
     """The CacheConfig of one request (`kv`: its kv_* fields that are set)."""
     if not kv:
         return defaults
-    changes = {FIELD_OF[k]: _value(k, v) for k, v in kv.items()}
+    names = kv_fields()
+    changes = {names[k]: _value(k, names[k], v) for k, v in kv.items()}
     policy = changes.get("policy", defaults.policy)
     if policy != defaults.policy:
         # the server's budget and options belong to its own policy
         changes.setdefault("policy_args", {})
         if policy == "full":
             changes.setdefault("budget", None)
-    budget = changes.get("budget", defaults.budget)
-    if policy != "full" and budget is None:
-        raise RequestError(
-            f"kv_budget: kv_policy {policy} evicts only under a budget; add kv_budget (e.g. 1024) or a "
-            "fraction (0.2), or use kv_policy full",
-            param="kv_budget",
-        )
-    if policy == "full" and budget is not None:
-        raise RequestError(
-            f"kv_budget: kv_policy full never evicts, so kv_budget {budget} would do nothing; pick an "
-            "evicting kv_policy (e.g. snapkv) or drop kv_budget",
-            param="kv_budget",
-        )
+    problem = budget_problem(policy, changes.get("budget", defaults.budget), _say)
+    if problem:
+        raise RequestError(request_spelling(problem), param="kv_budget")
     try:
         config = dataclasses.replace(defaults, **changes)
         if config.policy_args:

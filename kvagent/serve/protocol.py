@@ -13,12 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvagent.serve.errors import RequestError
+from kvagent.serve.kvconfig import kv_fields
 from kvagent.serve.messages import check_messages, check_tools
-
-KV_FIELDS = (
-    "kv_policy", "kv_budget", "kv_buffer", "kv_mode", "kv_scope", "kv_protect", "kv_window", "kv_seed",
-    "kv_policy_args", "kv_head_budget",
-)  # fmt: skip
 
 
 @dataclass
@@ -228,13 +224,13 @@ def _finish(req: GenRequest, body: dict[str, Any]) -> GenRequest:
         raise RequestError("stream_options: only with stream=true", param="stream_options")
     if req.seed is not None and req.seed < 0:
         req.seed %= 2**64  # torch seeds are unsigned
-    req.kv = {k: body[k] for k in KV_FIELDS if body.get(k) is not None}
+    req.kv = {k: body[k] for k in kv_fields() if body.get(k) is not None}
     return req
 
 
 def parse_chat(raw: bytes) -> GenRequest:
     body = _loads(raw)
-    _unknown(body, {"model", "messages", "tools", "tool_choice", *COMMON, *CHAT_ONLY, *KV_FIELDS})
+    _unknown(body, {"model", "messages", "tools", "tool_choice", *COMMON, *CHAT_ONLY, *kv_fields()})
     req = GenRequest(endpoint="chat", model=_model(body))
     if "messages" not in body:
         raise RequestError("messages: missing; send a list of {role, content} messages", param="messages")
@@ -256,7 +252,7 @@ def parse_chat(raw: bytes) -> GenRequest:
 
 def parse_completion(raw: bytes) -> GenRequest:
     body = _loads(raw)
-    _unknown(body, {"model", "prompt", *COMMON, *COMPLETIONS_ONLY, *KV_FIELDS})
+    _unknown(body, {"model", "prompt", *COMMON, *COMPLETIONS_ONLY, *kv_fields()})
     req = GenRequest(endpoint="completions", model=_model(body), max_tokens=16)  # OpenAI's default
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
