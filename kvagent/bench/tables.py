@@ -9,7 +9,7 @@ from kvagent.runspec import RunSpec
 
 # What the tables show as columns; any other setting that sets a run apart (its label's other
 # parts) joins the policy's name: `snapkv+adaptive`.
-COLUMNS = ("scope", "protect")
+COLUMNS = ("scope", "protect", "framework")
 
 
 def setting(record: dict) -> RunSpec:
@@ -60,6 +60,7 @@ def fidelity_rows(records: list[dict]) -> list[dict]:
             r["mode"],
             r["scope"],
             r["protect"],
+            r["framework"],
             -1 if r["budget"] is None else r["budget"],
             r["policy"],
         )
@@ -69,7 +70,7 @@ def fidelity_rows(records: list[dict]) -> list[dict]:
 
 def fidelity_markdown(records: list[dict], skipped: list[str] | None = None) -> str:
     head = (
-        "| policy | mode | scope | protect | K | episodes | mean KL(full‖policy) | top-1 agree | "
+        "| policy | mode | scope | protect | framework | K | episodes | mean KL(full‖policy) | top-1 agree | "
         "mean log p(true) | fact retrieved | log p(fact) | rounds | KV MiB | wall s |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -77,7 +78,8 @@ def fidelity_markdown(records: list[dict], skipped: list[str] | None = None) -> 
         full = r["policy"] == "full"
         lines.append(
             f"| {r['policy']} | {'-' if full else r['mode']} | {'-' if full else r['scope']} | "
-            f"{'-' if full else r['protect']} | {'dense' if r['budget'] is None else r['budget']} | {r['episodes']} | "
+            f"{'-' if full else r['protect']} | {'-' if full else r['framework']} | "
+            f"{'dense' if r['budget'] is None else r['budget']} | {r['episodes']} | "
             f"{_fmt(r['kl'], '.4f')} | {_fmt(r['top1'], '.1%')} | {_fmt(r['logp_true'], '.3f')} | "
             f"{_fmt(r['retrieval'], '.0%')} | {_fmt(r['probe_logp'], '.2f')} | {_fmt(r['rounds'], '.0f')} | "
             f"{_fmt(r['kv_mib'], '.1f')} | {_fmt(r['wall_s'], '.1f')} |"

@@ -29,24 +29,6 @@ def _policy(config: CacheConfig, policy: Any) -> Any:
     return policy
 
 
-def buffer_fit_problem(config: CacheConfig) -> str | None:
-    """Why the recent buffer cannot be kept outside a block policy's blocks (None if it can): under
-    recent-buffer, r must be whole blocks, so the entries that leave the buffer at each round are
-    whole blocks of consecutive positions, never half a block joined to older entries."""
-    from kvagent.runtime.policies import make_policy
-
-    block = make_policy(config.policy, **config.policy_args).block
-    r = config.buffer
-    if block <= 1 or r % block == 0:
-        return None
-    lo = r // block * block
-    fits = f"{lo} or {lo + block}" if lo else f"{block}"
-    return (
-        f"buffer: {r} is not a multiple of {config.policy}'s block {block} (framework recent-buffer keeps "
-        f"the newest r entries outside the blocks); use --buffer {fits}, or --framework topk-all"
-    )
-
-
 def layer_budgets(config: CacheConfig, policy: Any, n_layers: int, logical_length: int) -> list[int]:
     """Each layer's K at `logical_length` (a fractional budget is that fraction of it)."""
     b = config.budget

@@ -75,8 +75,6 @@ class CacheConfig:
         if self.framework not in FRAMEWORKS:
             raise ConfigError(f"framework: got {self.framework!r}; choose one of {', '.join(FRAMEWORKS)}")
         if self.recent and self.evicts:
-            from kvagent.runtime.budget import buffer_fit_problem
-
             problem = buffer_fit_problem(self)
             if problem:
                 raise ConfigError(problem)
@@ -99,6 +97,24 @@ class CacheConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def buffer_fit_problem(config: CacheConfig) -> str | None:
+    """Why the recent buffer cannot be kept outside a block policy's blocks (None if it can): under
+    recent-buffer, r must be whole blocks, so the entries that leave the buffer at each round are
+    whole blocks of consecutive positions, never half a block joined to older entries."""
+    from kvagent.runtime.policies import make_policy
+
+    block = make_policy(config.policy, **config.policy_args).block
+    r = config.buffer
+    if block <= 1 or r % block == 0:
+        return None
+    lo = r // block * block
+    fits = f"{lo} or {lo + block}" if lo else f"{block}"
+    return (
+        f"buffer: {r} is not a multiple of {config.policy}'s block {block} (framework recent-buffer keeps "
+        f"the newest r entries outside the blocks); use --buffer {fits}, or --framework topk-all"
+    )
 
 
 @dataclass(frozen=True)

@@ -41,23 +41,27 @@ def episode(session, seed: int) -> dict:
 
 
 def configs(policy: str, n_layers: int) -> list[CacheConfig]:
-    """Different budgets, buffers, modes, scopes, protections and seeds; several share a pool
-    (same K_l + r), so their decode steps form batched attention runs."""
+    """Different budgets, buffers, modes, scopes, protections, seeds and both eviction frameworks;
+    several share a pool (same capacity), so their decode steps form batched attention runs."""
     block = make_policy(policy).block
     k = block * max(1, -(-48 // block))
+    r16, r8 = (block * max(1, -(-r // block)) for r in (16, 8))  # recent-buffer: whole blocks
 
     def protect(budget: int, seed: int) -> str:
         # `prompt` only where the prompt (12 + 3 * seed tokens) leaves something to evict.
         smallest = min(make_policy(policy).layer_budgets(budget, n_layers))
         return "prompt" if 12 + 3 * seed + 4 < smallest else "sink"
 
+    rb, old = "recent-buffer", "topk-all"
     shapes = [
-        (k, 16, "persistent", "prefill+decode"),
-        (k, 16, "persistent", "prefill+decode"),
-        (k, 16, "reprefill", "prefill+decode"),
-        (k, 16, "persistent", "prefill"),  # decode may outgrow the slot, then come back
-        (2 * k, 8, "persistent", "prefill+decode"),
-        (0.5, 16, "persistent", "prefill+decode"),  # fractional: a private cache
+        (k, r16, "persistent", "prefill+decode", rb),
+        (k, r16, "persistent", "prefill+decode", rb),
+        (k, r16, "reprefill", "prefill+decode", rb),
+        (k, r16, "persistent", "prefill", rb),  # decode may outgrow the slot, then come back
+        (2 * k, r8, "persistent", "prefill+decode", rb),
+        (0.5, r16, "persistent", "prefill+decode", rb),  # fractional: a private cache
+        (k, 16, "persistent", "prefill+decode", old),
+        (k, 16, "persistent", "prefill+decode", old),
     ]
     out = [
         CacheConfig(
@@ -69,8 +73,9 @@ def configs(policy: str, n_layers: int) -> list[CacheConfig]:
             seed=i,
             protect=protect(b, i) if isinstance(b, int) else "sink",
             audit=True,
+            framework=framework,
         )
-        for i, (b, r, mode, scope) in enumerate(shapes)
+        for i, (b, r, mode, scope, framework) in enumerate(shapes)
     ]
     out.append(CacheConfig(seed=len(out)))  # a dense session rides along
     return out
@@ -127,6 +132,11 @@ def test_slots_are_reused_and_evicting_sessions_live_in_their_slot(batch_engines
     cfg = CacheConfig(policy="streaming", budget=24, buffer=8, protect="sink")
     s = engine.session(cfg)
     pool = s.evictor.slot.pool
+    assert pool.capacities == (24 + 2 * 8,) * engine.n_layers  # K + 2r: the recent-buffer framework's peak
+    old = engine.session(
+        CacheConfig(policy="streaming", budget=24, buffer=8, protect="sink", framework="topk-all")
+    )
+    assert old.evictor.slot.pool.capacities == (24 + 8,) * engine.n_layers
     used = pool.in_use
     s.append(list(range(40)))
     assert all(layer.in_slot for layer in s.cache.layers)

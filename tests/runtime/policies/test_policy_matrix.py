@@ -1,5 +1,6 @@
-"""Every registered policy through the real runtime, on both tiny GQA models (Qwen3, Llama) and in
-both modes: the logits must equal full attention with exactly the evicted entries masked out.
+"""Every registered policy through the real runtime, on both tiny GQA models (Qwen3, Llama), in both
+modes and both eviction frameworks: the logits must equal full attention with exactly the evicted
+entries masked out.
 
 The matrix enumerates the registry, so a new policy fails here until it has a case below."""
 
@@ -45,15 +46,15 @@ def _segments(records):
     return out
 
 
+@pytest.mark.parametrize("framework", ["recent-buffer", "topk-all"])
 @pytest.mark.parametrize("mode", ["persistent", "reprefill"])
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
 @pytest.mark.parametrize("policy", sorted(CASES))
-def test_policy_matches_masked_full_attention(tiny_engines, policy, kind, mode):
+def test_policy_matches_masked_full_attention(tiny_engines, policy, kind, mode, framework):
     engine = tiny_engines[kind]
     assert engine.model.config.rope_parameters["rope_theta"] == 10_000.0  # what CASES assumes
-    cfg = CacheConfig(
-        policy=policy, budget=64, buffer=16, protect="sink", mode=mode, seed=5, policy_args=CASES[policy]
-    )
+    cfg = CacheConfig(policy=policy, budget=64, buffer=16, protect="sink", mode=mode, seed=5,
+                      policy_args=CASES[policy], framework=framework)  # fmt: skip
     session = engine.session(cfg)
     with trace(session) as records:
         random_episode(session, vocab=512, turns=3)
