@@ -19,7 +19,7 @@ import torch
 from kvagent.runtime.config import Sampling
 
 _BLOCK = 1024  # tokens a block of the inverse CDF
-_NUCLEUS_FIRST = 64  # candidates top-p looks at first; x8 while they hold less than top_p
+_NUCLEUS_FIRST = 64  # candidates top-p looks at first; x8 while they hold less than top_p (a sort past half)
 _NUCLEUS_GROWTH = 8
 
 
@@ -63,7 +63,7 @@ def _nucleus(scores: np.ndarray, sorted_already: bool, top_p: float) -> np.ndarr
     else:
         m = min(_NUCLEUS_FIRST, n)
         while True:
-            if m * _NUCLEUS_GROWTH > n:  # most of the vocabulary: one sort
+            if 2 * m >= n:  # half the vocabulary or more: one sort
                 order = np.argsort(-scores)
                 break
             order = _largest(scores, m)

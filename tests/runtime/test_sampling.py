@@ -77,11 +77,12 @@ def test_frequencies_are_the_probabilities(sampling):
 
 
 def test_a_wide_nucleus_is_exact_as_it_widens_and_when_it_sorts_everything():
-    # 1000 tokens: 150 near the top (the first 64 candidates hold less than top_p, so the sampler
-    # widens), then a tail; and a nearly flat vocabulary whose nucleus is most of it (one sort)
+    # 3000 tokens, 150 near the top: the first 64 candidates hold less than top_p, the 512 largest
+    # do (the sampler widens once); then a nearly flat vocabulary whose nucleus is most of it (a sort)
     gen = torch.Generator().manual_seed(3)
-    wide = [5.0 + 0.01 * float(x) for x in torch.randn(150, generator=gen)] + [0.0] * 850
-    check_frequencies(wide, Sampling(temperature=1.0, top_p=0.9), 2500)
+    wide = [5.0 + 0.01 * float(x) for x in torch.randn(150, generator=gen)] + [0.0] * 2850
+    assert 64 < sum(p > 0 for p in expected(wide, Sampling(temperature=1.0, top_p=0.8))) < 150
+    check_frequencies(wide, Sampling(temperature=1.0, top_p=0.8), 2500)
     flat = [0.001 * float(x) for x in torch.randn(1000, generator=gen)]
     probs = expected(flat, Sampling(temperature=1.0, top_p=0.85))
     assert 800 < sum(p > 0 for p in probs) < 900
