@@ -46,6 +46,10 @@ def test_mini_swe_agent_episode_continues_one_session(tmp_path, monkeypatch):
     monkeypatch.setenv("MSWEA_GLOBAL_CONFIG_DIR", str(tmp_path / "mswea"))  # not the user's ~/.config
     monkeypatch.setenv("MSWEA_SILENT_STARTUP", "1")
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of litellm's price list
+    # mini-swe-agent retries a failed call itself (tenacity, 10 attempts, whatever litellm's
+    # num_retries says): a retry after a failed request starts a new session, and the failure
+    # would only show as extra sessions. One attempt: a failed call fails the test with its error.
+    monkeypatch.setenv("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "1")
     record = calc_record(tmp_path / "repos", "fixture__calc-1")
     repo = tmp_path / "repos" / record["instance_id"]
     proc, base_url = _start_server()
@@ -92,8 +96,12 @@ def test_mini_swe_agent_episode_continues_one_session(tmp_path, monkeypatch):
     assert len(responses) >= 2, f"only {len(responses)} model calls in the trajectory"
     kv = [r["kvagent"] for r in responses]
     usage = [r["usage"] for r in responses]
-    assert len({k["session"] for k in kv}) == 1, (kv, out)  # out: the server's log, a line a request
-    assert kv[0]["status"] == "new" and all(k["status"] == "continued" for k in kv[1:]), (kv, out)
+    calls = [(k["session"], k["status"], k["reason"], k["divergence"]) for k in kv]
+    log = "\n".join(out.splitlines()[-60:])  # the server's log, a line a request
+    assert len({k["session"] for k in kv}) == 1, (
+        f"calls (session, status, reason, divergence): {calls}\n{log}"
+    )
+    assert kv[0]["status"] == "new" and all(k["status"] == "continued" for k in kv[1:]), f"{calls}\n{log}"
     for u in usage[1:]:
         assert u["kv_continued_tokens"] > 0 and u["kv_appended_tokens"] < u["prompt_tokens"], u
         assert u["prompt_tokens_details"]["cached_tokens"] == u["kv_continued_tokens"]
