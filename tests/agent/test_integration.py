@@ -62,14 +62,16 @@ def run_checked(engine, env, cfg, steps=3, new_tokens=32):
     assert engine.tokenizer.decode(session.history) == ChatMLRenderer.transcript(result.messages)
     assert result.logical_length == session.logical_length == len(session.history)
     assert [t.step for t in result.turns] == list(range(1, result.steps + 1))
+    bound = cfg.budget + cfg.buffer + cfg.recent
     for turn in result.turns:
         assert turn.cache is not None and turn.cache["logical_length"] == turn.logical_length
         assert 1 <= turn.reply_tokens <= new_tokens and turn.observation
-        # Never more than K + r entries in any layer (the buffer bounds the cache between rounds).
-        assert turn.cache_entries <= cfg.budget + cfg.buffer
+        # Never more than K + r entries in any layer between rounds, K + 2r under recent-buffer (its
+        # newest r are outside the K scored ones).
+        assert turn.cache_entries <= bound
     stats = session.stats
     assert stats.rounds > 0 and stats.evicted > 0
-    assert max(stats.entries) <= cfg.budget + cfg.buffer
+    assert max(stats.entries) <= bound
     return result, session
 
 
