@@ -34,11 +34,12 @@ def test_full_generate_matches_hf_generate(qwen3_tokenizer):
 def test_chunk_on_compacted_cache_equals_token_by_token(qwen3_engine):
     cfg = CacheConfig(policy="random", budget=32, buffer=64, protect="sink", seed=1)
     a, b = qwen3_engine.session(cfg), qwen3_engine.session(cfg)
-    history = rand_ids(96, 1)  # 96 = K + r: exactly one round at the end
+    kept = 32 + cfg.recent  # what a round leaves: K and the recent buffer (recent-buffer framework)
+    history = rand_ids(kept + 64, 1)  # K + 2r: exactly one round at the end
     a.append(history)
     b.append(history)
-    assert a.stats.rounds == 1 and a.stats.entries[0] == 32
-    chunk = rand_ids(20, 2)  # 32 + 20 < 96: no round inside the chunk
+    assert a.stats.rounds == 1 and a.stats.entries[0] == kept
+    chunk = rand_ids(20, 2)  # kept + 20 < K + 2r: no round inside the chunk
     chunk_logits = a.append(chunk, all_logits=True)
     step_logits = torch.stack([b.step(t) for t in chunk])
     assert a.stats.rounds == b.stats.rounds == 1
@@ -98,6 +99,7 @@ def test_persistent_never_readmits_but_reprefill_does(qwen3_engine):
 def test_kv_bytes_bounded_by_budget_plus_buffer(qwen3_engine, scope):
     k, r = 48, 16
     s = qwen3_engine.session(CacheConfig(policy="random", budget=k, buffer=r, scope=scope, protect="sink"))
+    k += s.config.recent  # the recent buffer (recent-buffer framework) is held beside K: peak K + 2r
     e = qwen3_engine
     per_entry = e.n_kv_heads * (2 * e.head_dim * 4 + 8)  # keys + values float32, int64 position
     s.append(rand_ids(300, 7))
@@ -211,7 +213,7 @@ def test_stats_and_audit(qwen3_engine):
     assert st.prefill_tokens == 112 and st.logical_length == 112
     assert len(s.audit) == st.rounds * qwen3_engine.n_layers
     last = s.audit[-1]
-    assert last.kept.shape == (2, 32) and last.prompt_length == 12
+    assert last.kept.shape == (2, 32 + 8) and last.prompt_length == 12  # K and the recent buffer
     assert set(range(12)) <= set(last.kept[0].tolist())  # the protected prompt survives every round
 
 
