@@ -48,7 +48,8 @@ def test_the_advice_names_the_local_prompt_not_the_testbed_one(qwen3_tokenizer):
     local = first_prompt_tokens(qwen3_tokenizer, issue, config, LONG_WORKDIR)
     assert local != first_prompt_tokens(qwen3_tokenizer, issue, config, "/testbed")
     with pytest.raises(
-        ConfigError, match=rf"random__persistent__K256 on i .*protects all {local} prompt tokens"
+        ConfigError,
+        match=rf"random__persistent__K256__recent-buffer on i .*protects all {local} prompt tokens",
     ):
         check_grid(engine, runs, {"i": inst}, config, LONG_WORKDIR)
     with pytest.raises(ConfigError, match="^context-limit: 100 tokens"):
@@ -80,7 +81,7 @@ def tiny_engine():
 
 def session_fails(engine, config, prompt_length, monkeypatch):
     """Whether a real session hits the protected-entries error, with the up-front rule switched off."""
-    monkeypatch.setattr("kvagent.runtime.budget.check_prompt_fits", lambda *a, **k: None)
+    monkeypatch.setattr("kvagent.runtime.session.check_prompt_fits", lambda *a, **k: None)  # imported by name
     s = engine.session(config)
     try:
         s.append(list(range(1000, 1000 + prompt_length)))

@@ -76,7 +76,11 @@ def test_eval_killed_half_way_resumes_without_loss_or_duplicates(tmp_path, fixtu
     make_runner(run_dir, again, inst, repos).run(specs)
     assert again.sessions == 0
 
-    preds = (run_dir / "predictions" / "random__persistent__K64__s0.jsonl").read_text().splitlines()
+    preds = (
+        (run_dir / "predictions" / "random__persistent__K64__recent-buffer__s0.jsonl")
+        .read_text()
+        .splitlines()
+    )
     pred = json.loads(preds[0])
     assert pred["instance_id"] == inst.instance_id and "a + b" in pred["model_patch"]
     assert (run_dir / lines[0]["trajectory"]).exists()

@@ -249,7 +249,7 @@ def test_a_sweep_carries_the_head_budget_into_labels_and_configs():
 
     specs = sweep(["full", "snapkv"], ["persistent"], [64], head_budget="adaptive")
     by_policy = {s.policy: s for s in specs}
-    assert by_policy["snapkv"].label == "snapkv__persistent__K64__heads-adaptive"
+    assert by_policy["snapkv"].label == "snapkv__persistent__K64__heads-adaptive__recent-buffer"
     assert by_policy["snapkv"].cache_config().head_budget == "adaptive"
     assert by_policy["full"].label == "full__persistent__dense"  # one dense run serves both
     with pytest.raises(ConfigError, match="head_budget"):
