@@ -88,7 +88,7 @@ def attend_layer(layer, query, scaling: float, backend: str, keys=None, values=N
     already holds the chunk's own keys (`keys`/`values`: its live entries, if at hand). The kernel
     is chosen here and in `attend_rows` only."""
     heads = getattr(layer, "head_entries", None)
-    if heads is not None:  # head_budget=adaptive: a buffer per KV head (heads.py)
+    if heads is not None:  # adaptive heads: a buffer per KV head (heads.py)
         g = query.shape[1] // layer.n_heads
         outs = []
         for h, (kh, vh) in enumerate(heads()):

@@ -191,7 +191,7 @@ class EvictableCache(Cache):
         record: bool,
         keep_pending: bool,
         slot=None,
-        layer_class: type | None = None,  # head_budget=adaptive: heads.HeadLayer, a buffer per KV head
+        layer_class: type | None = None,  # adaptive heads: heads.HeadLayer, a buffer per KV head
     ):
         super().__init__(layers=[(layer_class or EvictableLayer)(self, i) for i in range(n_layers)])
         self.slot = slot  # a pool Slot on batching engines (evicting sessions), else None

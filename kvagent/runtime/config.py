@@ -78,7 +78,7 @@ class CacheConfig:
             problem = buffer_fit_problem(self)
             if problem:
                 raise ConfigError(problem)
-        if self.head_budget == "adaptive" and self.evicts:
+        if self.adaptive_heads:
             from kvagent.runtime.heads import check_adaptive
             from kvagent.runtime.policies import make_policy
 
@@ -89,6 +89,11 @@ class CacheConfig:
     @property
     def evicts(self) -> bool:
         return self.budget is not None and self.policy != "full"
+
+    @property
+    def adaptive_heads(self) -> bool:
+        """Ada-KV: an evicting cache whose heads of a layer share K x H_kv (heads.py)."""
+        return self.evicts and self.head_budget == "adaptive"
 
     @property
     def recent(self) -> int:

@@ -35,7 +35,7 @@ def pool_capacities(config: CacheConfig, policy: BasePolicy, n_layers: int) -> t
     for the session's life (an evicting session with a token budget and uniform heads): the slot
     pool it can live in on a batching engine. None otherwise (dense, fractional or adaptive caches
     stay private)."""
-    if not config.evicts or not isinstance(config.budget, int) or config.head_budget == "adaptive":
+    if not config.evicts or not isinstance(config.budget, int) or config.adaptive_heads:
         return None
     extra = config.recent + config.buffer
     return tuple(k + extra for k in layer_budgets(config, policy, n_layers, 0))
@@ -64,7 +64,7 @@ class Evictor:
         self.scaling = scaling
         self.sync = device.type == "cuda"  # round timings synchronise, so they hold only the round
         self.slot = slot  # a pool Slot (batched engines), or None for a private cache
-        self.adaptive = config.evicts and config.head_budget == "adaptive"
+        self.adaptive = config.adaptive_heads
         self.audit: list[AuditRound] | None = [] if config.audit else None
         self.round_index = 0  # orders audit records: every round and every forced drop counts one
         self._budgets: dict[int, list[int]] = {}
