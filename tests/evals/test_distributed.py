@@ -209,7 +209,9 @@ def test_two_actors_record_every_run_once_redo_a_killed_actors_run_and_resume(tm
         assert rec["grade_status"] in ("resolved", "unresolved")
         assert (run_dir / rec["trajectory"]).is_file()
         assert "derived_from" in rec or any((run_dir / "grading" / rec["run_id"]).iterdir())
-    assert (run_dir / "predictions" / "random__persistent__K2048__s0.jsonl").read_text().count("\n") == 1
+    assert (run_dir / "predictions" / "random__persistent__K2048__recent-buffer__s0.jsonl").read_text().count(
+        "\n"
+    ) == 1
     assert not list((tmp_path / "run").rglob("*.tmp"))
     killed_pid = (tmp_path / "killed").read_text()  # its episode's temp dir is swept, as a restart would
     assert killed_pid in {p.name.split("-")[2] for p in sweep_stale_run_dirs()}
