@@ -120,7 +120,7 @@ class Runner:
 
 def sweep(engine, policy: str, plan: dict, clock, part: str, skipped: list, depth: int, hints: dict) -> dict:
     """Decode rows at plan['lengths'] (and, for an evicting policy with plan['round_window'], one
-    window of 2r steps that starts one token short of K + r right after a warm-up round in
+    window of 2r steps that starts one token short of a round right after a warm-up round in
     prefill) for one policy. Returns {"decode": [...], "round": row | None, "prefill": [...],
     "peak_bytes": int | None}."""
     k, r, warm = plan["budget"], plan["buffer"], plan["warm"]
@@ -129,13 +129,16 @@ def sweep(engine, policy: str, plan: dict, clock, part: str, skipped: list, dept
     if engine.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(engine.device)
     todo = [("decode", n) for n in plan["lengths"]]
+    # The first round is due at K + r + recent (recent = r under the recent-buffer framework, 0
+    # under topk-all); later ones every r tokens.
+    first = k + r + runner.session.config.recent
     if policy != "full" and plan.get("round_window"):
-        start = k + 2 * r - 1  # prefill runs one round (warm-up), then sits one short of K + r
+        start = first + r - 1  # prefill runs one round (warm-up), then sits one short of the next
         todo.append(("round", start))
         todo.sort(key=lambda x: x[1] if x[0] == "round" else x[1] - warm - plan["steps"])
     for kind, n in todo:
-        # A window that cannot reach K + r has no round to amortise: short_steps are enough.
-        steps = plan["steps"] if policy != "full" and n >= k + r else plan.get("short_steps", plan["steps"])
+        # A window that cannot reach the first round has none to amortise: short_steps are enough.
+        steps = plan["steps"] if policy != "full" and n >= first else plan.get("short_steps", plan["steps"])
         target, n_steps = (n + 2 * r, 2 * r) if kind == "round" else (n, steps)
         need = runner.predict(target, n_steps + warm)
         if runner.session.logical_length > (n if kind == "round" else n - warm - steps):

@@ -27,7 +27,7 @@ from kvagent.runtime.oracle import random_episode, reference_logits, trace, visi
 F32_TOL = 1e-4
 BF16_C = 2.0
 BF16_FLOOR = 0.02
-BUDGET, BUFFER, VOCAB = 64, 16, 512  # the runtime tests' tiny episode: ~340 tokens, 9-20 rounds
+BUDGET, BUFFER, VOCAB = 64, 32, 512  # ~340 tokens; r = one nexus block (the recent buffer is whole blocks)
 # Ada-KV head budgets (per-head buffers, attention per KV head: flash-attn per head on CUDA), as
 # extra rows named POLICY+adaptive.
 ADAPTIVE = ("snapkv", "h2o")

@@ -23,7 +23,7 @@ def label(n: int) -> str:
 
 
 def memory_summary(prod: dict, peaks: dict, total: int, plan: dict, device) -> dict:
-    """Bytes per session (evicting at K + r, dense at the longest length) and the largest number
+    """Bytes per session (evicting after a round, dense at the longest length) and the largest number
     of sessions that fit beside the weights, from measured bytes and the measured peak overhead."""
     weights = prod["model"]["weights_bytes"]
     longest = plan["lengths"][-1]
@@ -211,7 +211,7 @@ def _production(p, sdpa) -> list[str]:
     if p["round"]:
         lines += [
             "",
-            "Eviction-round cost as a share of decode time (2r steps from one token short of K + r, after a warm-up round):",
+            "Eviction-round cost as a share of decode time (2r steps from one token short of a round, after a warm-up round):",
             "",
             "| policy | L | rounds | step ms | scoring | compaction | round (synced) | goal |",
             "|---|---|---|---|---|---|---|---|",
@@ -236,7 +236,7 @@ def _production(p, sdpa) -> list[str]:
             "",
             f"Memory: device {mem['device_total_bytes'] / GIB:.1f} GiB, weights {mem['weights_bytes'] / GIB:.1f} GiB, "
             f"activation reserve {mem['activation_reserve_bytes'] / GIB:.2f} GiB (measured peak overhead).",
-            f"KV per session: evicting (K + r) {_f(e and e / GIB, '{:.3f}')} GiB; dense at L={label(mem['dense_length'])} "
+            f"KV per session: evicting (after a round: K + r, K + 2r at most) {_f(e and e / GIB, '{:.3f}')} GiB; dense at L={label(mem['dense_length'])} "
             f"{d / GIB:.3f} GiB ({mem['dense_source']}); dense / evicting {_f(e and d / e, '{:.1f}x')}.",
             f"Largest N sessions that fit beside the weights: evicting {mem['evicting_n_max']}, dense {mem['dense_n_max']}.",
         ]

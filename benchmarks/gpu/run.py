@@ -48,7 +48,7 @@ from kvagent.runtime import Engine  # noqa: E402
 from kvagent.runtime.policies import available  # noqa: E402
 
 GOAL_POLICIES = ("random", "nexus")  # measured first, so a time cap never skips the goals' rows
-# steps = r: a window past K + r holds exactly one round per layer; short_steps for windows with
+# steps = r: a window past the first round holds exactly one round per layer; short_steps for windows with
 # none. chunk 512: dense prefill chunks on a cache run SDPA's MATH kernel (bool mask + GQA), whose
 # fp32 score matrix is chunk x length x 64 heads; 512 keeps it near 8 GiB at 64k.
 FULL = dict(
@@ -62,7 +62,7 @@ FULL = dict(
     ns=[1, 8, 32],
 )
 QUICK = dict(
-    lengths=[64, 256, 512], budget=64, buffer=16, steps=16, short_steps=8, warm=1, chunk=64, ns=[1, 2, 4]
+    lengths=[64, 256, 512], budget=64, buffer=32, steps=32, short_steps=8, warm=1, chunk=64, ns=[1, 2, 4]
 )
 CAPS = {"oracle": 40.0, "production": 190.0, "long": 110.0, "batched": 110.0}  # seconds, on one schedule
 

@@ -104,7 +104,7 @@ from kvagent.runtime import CacheConfig, Engine
 model, _ = build_qwen3(QWEN3_QUICK, 2, torch.device("cpu"), torch.float32)
 engine = Engine.load(model, tokenizer=NoTokenizer(), device="cpu", dtype="float32")
 s = engine.session(CacheConfig(policy="random", budget=32, buffer=8, protect="sink"))
-s.append(list(range(40)))
+s.append(list(range(48)))  # the first round is due at K + 2r = 48 (recent-buffer)
 s.step(1)
 assert s.stats.rounds >= 1
 print("OK")

@@ -102,12 +102,24 @@ def test_a_budget_below_the_protected_prompt_names_the_setting_and_the_real_prom
     assert abs(traj["prompt_tokens"] - said) <= 8  # the sandbox's temp dir name differs by a few tokens
 
 
-@pytest.mark.parametrize("budget", ["0.5", "0.9"])
-def test_a_fraction_budget_with_a_protected_prompt_fails_before_the_sandbox(mini, engine, tmp_path, budget):
+@pytest.mark.parametrize(("budget", "framework"), [("0.5", "recent-buffer"), ("0.9", "topk-all")])
+def test_a_fraction_budget_with_a_protected_prompt_fails_before_the_sandbox(
+    mini, engine, tmp_path, budget, framework
+):
     out = tmp_path / "run"
     args = [a if a != "4096" else budget for a in base_args(mini, out)]
-    one_line_error(invoke(args), f"K{budget}", "protect=prompt")
+    one_line_error(invoke([*args, "--framework", framework]), f"K{budget}", "protect=prompt")
     assert not (out / "trajectories").exists()
+
+
+def test_a_fraction_budget_fits_the_prompt_once_the_recent_buffer_delays_the_first_round(mini, engine, tmp_path):
+    # K = 0.9 L: topk-all's first round comes at L = K + r (~1,280 tokens, K below the ~1,500-token
+    # prompt); recent-buffer's at K + 2r (2,560 tokens, K = 2,304 above it), so the same grid runs.
+    out = tmp_path / "run"
+    args = [a if a != "4096" else "0.9" for a in base_args(mini, out)]
+    ran = invoke([*args, "--framework", "recent-buffer"])
+    assert ran.exit_code == 0, ran.output
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 4
 
 
 def test_a_budget_at_the_sink_fails_before_the_sandbox(mini, engine, tmp_path):
