@@ -151,7 +151,7 @@ def batched(engine, n: int, args, profile: bool) -> dict:
         # the forwards run on the scheduler's thread: profile there (its own profiler) around the loop
         from kvagent.runtime import scheduler as sched_mod
 
-        real = sched_mod.run_packed
+        real = sched_mod.run_forward
         box: dict = {"prof": None, "t": 0.0}
 
         def profiled(eng, chunks):
@@ -164,12 +164,12 @@ def batched(engine, n: int, args, profile: bool) -> dict:
             finally:
                 box["t"] += time.perf_counter() - t0
 
-        sched_mod.run_packed = profiled
+        sched_mod.run_forward = profiled
         f0 = sched.forwards
         try:
             pw = run(args.steps)
         finally:
-            sched_mod.run_packed = real
+            sched_mod.run_forward = real
         # one more forward so the profiler exits on the scheduler thread
         done = threading.Event()
 
@@ -178,11 +178,11 @@ def batched(engine, n: int, args, profile: bool) -> dict:
             done.set()
             return real(eng, chunks)
 
-        sched_mod.run_packed = close
+        sched_mod.run_forward = close
         try:
             decode(sessions[0], 1)
         finally:
-            sched_mod.run_packed = real
+            sched_mod.run_forward = real
         done.wait(60)
         out["forward_share_of_wall"] = box["t"] / pw
         out["profile_share"] = breakdown(box["prof"], box["t"])
