@@ -121,16 +121,21 @@ def attend_rows(query, keys, values, lengths: list[int], scaling: float, backend
             causal=False,
         )  # (b, 1, H_q, D)
         return out.transpose(0, 1)
-    # One token per row: the query heads sharing a kv head become that head's query rows, so SDPA
-    # needs no GQA expansion; a per-row key-length mask hides each row's padding.
+    # One token per row; a per-row key-length mask hides each row's padding. Layout by dtype, as
+    # measured on CPU (docs/benchmarks.md, "Where kvagent's time goes"): in float32 the query heads
+    # sharing a kv head as that head's query rows (no GQA expansion) is the faster call; in
+    # bfloat16/float16 one query row per head with enable_gqa is 1.5x faster than that.
     n_max = max(lengths)
-    qg = query.reshape(b, h_kv, h_q // h_kv, query.shape[-1])
     mask = None
     if min(lengths) != n_max:
         n = torch.tensor(lengths, device=query.device)
         mask = (torch.arange(n_max, device=query.device) < n[:, None]).view(b, 1, 1, n_max)
+    if query.dtype == torch.float32 or h_q == h_kv:
+        q, gqa = query.reshape(b, h_kv, h_q // h_kv, query.shape[-1]), False
+    else:
+        q, gqa = query.unsqueeze(2), True
     out = F.scaled_dot_product_attention(
-        qg, keys[:, :, :n_max], values[:, :, :n_max], attn_mask=mask, scale=scaling
+        q, keys[:, :, :n_max], values[:, :, :n_max], attn_mask=mask, scale=scaling, enable_gqa=gqa
     )
     return out.reshape(1, b, h_q, out.shape[-1])
 
