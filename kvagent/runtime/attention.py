@@ -97,7 +97,7 @@ def attend_layer(layer, query, scaling: float, backend: str, keys=None, values=N
             outs.append(flash(qh, kh, vh, scaling) if use_flash else sdpa(qh, kh, vh, scaling))
         return torch.cat(outs, dim=2)
     if keys is None:
-        keys, values, _ = layer.live()
+        keys, values = layer.live_kv()
     valid = layer.valid(keys.shape[2])
     if valid is None and backend == "flash" and query.is_cuda:
         return flash(query, keys, values, scaling)

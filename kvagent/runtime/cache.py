@@ -39,6 +39,14 @@ class LayerBase(CacheLayerMixin):
     def stores(self) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
+    def write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """`update` less its return: a packed forward attends each layer itself (forward.py)."""
+        self.update(key_states, value_states)
+
+    def live_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The live keys and values, as `live()` has them."""
+        return self.live()[:2]
+
     def nbytes(self) -> int:
         if not self.is_initialized:
             return 0
@@ -99,20 +107,26 @@ class EvictableLayer(LayerBase):
         self.in_slot = False
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self.write(key_states, value_states)
+        return self.keys[:, :, : self.n], self.values[:, :, : self.n]
+
+    def write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        q = key_states.shape[-2]
-        if self.n + q > self.keys.shape[-2]:
-            self._grow(self.n + q)
-        end = self.n + q
-        self.keys[:, :, self.n : end] = key_states
-        self.values[:, :, self.n : end] = value_states
-        self.positions[:, :, self.n : end] = self.owner.current_positions
+        n = self.n
+        end = n + key_states.shape[-2]
+        if end > self.keys.shape[-2]:
+            self._grow(end)
+        self.keys[:, :, n:end] = key_states
+        self.values[:, :, n:end] = value_states
+        self.positions[:, :, n:end] = self.owner.current_positions
         self.n = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
 
     def live(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.keys[:, :, : self.n], self.values[:, :, : self.n], self.positions[:, :, : self.n]
+
+    def live_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[:, :, : self.n], self.values[:, :, : self.n]
 
     def compact(self, index: torch.Tensor, capacity: int, pad: bool = False) -> None:
         """Keep entries `index` (B, H_kv, M), sorted along M, in fresh tensors of `capacity`.

@@ -57,10 +57,12 @@ class PackedLayer(CacheLayerMixin):
             # A solo forward: the session's layer takes the chunk whole, and its live keys and
             # values go on to the attention (`PackedCache.attend`), as a plain cache's would.
             return chunks[0].cache.layers[self.layer_idx].update(key_states, value_states)
-        for c in chunks:
-            c.cache.layers[self.layer_idx].update(
-                key_states[:, :, c.start : c.end], value_states[:, :, c.start : c.end]
-            )
+        li, sizes = self.layer_idx, self.owner.sizes
+        # One split per tensor for all chunks (a slice per chunk costs a dispatch each).
+        for c, k, v in zip(
+            chunks, key_states.split(sizes, dim=2), value_states.split(sizes, dim=2), strict=True
+        ):
+            c.cache.layers[li].write(k, v)
         # The attention reads each session's own storage (`PackedCache.attend`), not these.
         return key_states, value_states
 
@@ -84,8 +86,18 @@ class PackedCache(Cache):
     def __init__(self, n_layers: int, backend: str) -> None:
         super().__init__(layers=[PackedLayer(self, i) for i in range(n_layers)])
         self.chunks: list[Chunk] = []
+        self.sizes: list[int] = []  # tokens per chunk, in packed order
+        self.runs_possible = False  # some decode chunk has a pool slot (so runs may form)
+        self.recording = False  # some chunk's cache records queries
         self.backend = backend
         self.widest_run = 0  # most chunks one batched attention call served (for stats, tests)
+
+    def begin(self, chunks: list[Chunk]) -> None:
+        """Per-forward facts every layer would otherwise recompute."""
+        self.chunks, self.widest_run = chunks, 0
+        self.sizes = [len(c.ids) for c in chunks]
+        self.runs_possible = sum(len(c.ids) == 1 and c.cache.slot is not None for c in chunks) > 1
+        self.recording = any(c.cache.record for c in chunks)
 
     def record_queries(self, layer_idx: int, query: torch.Tensor) -> None:
         chunks = self.chunks
@@ -93,10 +105,12 @@ class PackedCache(Cache):
             if chunks[0].cache.record:
                 chunks[0].cache.record_queries(layer_idx, query)
             return
-        for c in chunks:
+        if not self.recording:
+            return
+        for c, q in zip(chunks, query.split(self.sizes, dim=2), strict=True):
             if c.cache.record:
                 # A view would pin the whole packed query for as long as the session keeps it.
-                c.cache.record_queries(layer_idx, query[:, :, c.start : c.end].clone())
+                c.cache.record_queries(layer_idx, q.clone())
 
     def attend(self, layer_idx: int, query: torch.Tensor, key, value, scaling: float) -> torch.Tensor:
         """(1, T, H_q, D) attention output of every chunk, in packed order. `key`/`value` are what
@@ -105,12 +119,20 @@ class PackedCache(Cache):
             self.widest_run = max(self.widest_run, 1)
             layer = self.chunks[0].cache.layers[layer_idx]
             return attend_layer(layer, query, scaling, self.backend, key, value)
+        backend = self.backend
+        if not self.runs_possible:  # dense / private caches (or one slotted decode token): each alone
+            self.widest_run = max(self.widest_run, 1)
+            outs = [
+                attend_layer(c.cache.layers[layer_idx], q, scaling, backend)
+                for c, q in zip(self.chunks, query.split(self.sizes, dim=2), strict=True)
+            ]
+            return torch.cat(outs, dim=1)
         runs = _runs(self.chunks, layer_idx)
         self.widest_run = max(self.widest_run, max(len(r) for r in runs))
         outs = [
-            _attend_run(run, layer_idx, query, scaling, self.backend)
+            _attend_run(run, layer_idx, query, scaling, backend)
             if len(run) > 1
-            else _attend_alone(run[0], layer_idx, query, scaling, self.backend)
+            else _attend_alone(run[0], layer_idx, query, scaling, backend)
             for run in runs
         ]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
@@ -179,7 +201,7 @@ def run_forward(engine, chunks: list[Chunk]) -> int:
             keep.extend(range(c.start, c.end) if c.all_logits else [c.end - 1])
         position_ids, to_keep = torch.cat(positions).unsqueeze(0), torch.tensor(keep, device=device)
     cache = _packed_cache(engine.n_layers, engine.backend)
-    cache.chunks, cache.widest_run = chunks, 0
+    cache.begin(chunks)
     token = ACTIVE_CACHE.set(cache)
     try:
         out = engine.model(
@@ -192,6 +214,7 @@ def run_forward(engine, chunks: list[Chunk]) -> int:
     finally:
         ACTIVE_CACHE.reset(token)
         cache.chunks = []  # hold no session's cache past its forward
+        cache.sizes = []
     logits = out.logits[0].float()
     row = 0
     for c in chunks:
