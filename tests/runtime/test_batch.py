@@ -92,17 +92,9 @@ def assert_same(solo_session, solo, batched_session, batched):
         ]
 
 
-# A known bug, kept visible (strict: the mark fails once the bug is fixed): VaSE's sampling keys
-# log(u)/w divide by near-zero SnapKV weights, so batched forwards' last-bit differences in w reorder
-# its sample on tiny Qwen3 in the mixed recent-buffer/topk-all batch; fixing it changes VaSE's scores.
-VASE_QWEN3 = pytest.mark.xfail(
-    strict=True, reason="vase batched != solo on tiny Qwen3: sampling keys sensitive to near-zero weights"
-)
-BATCH_CASES = [
-    pytest.param(policy, kind, marks=VASE_QWEN3 if (policy, kind) == ("vase", "qwen3") else ())
-    for kind in ("qwen3", "llama")
-    for policy in available()
-]
+# Every policy on both models, VaSE included: its sampling weights sit on a grid (vase.grid_weights),
+# so last-bit differences of a batched forward no longer reorder its sample.
+BATCH_CASES = [(policy, kind) for kind in ("qwen3", "llama") for policy in available()]
 
 
 @pytest.mark.parametrize(("policy", "kind"), BATCH_CASES)

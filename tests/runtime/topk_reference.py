@@ -4,6 +4,10 @@ today's `framework="topk-all"` against `data/topk_all_reference.json`, recorded 
 the code as it was (runtime of commit bf0214d, before the field existed):
 
     .venv/bin/python -m tests.runtime.topk_reference tests/runtime/data/topk_all_reference.json
+    .venv/bin/python -m tests.runtime.topk_reference tests/runtime/data/topk_all_reference.json vase
+
+The second form re-records one policy's cases: VaSE's, after its sampling weights moved onto a
+grid (batched runs had reordered its sample); every other case is still the old code's.
 """
 
 from __future__ import annotations
@@ -90,20 +94,28 @@ def fingerprint(engine, case: dict, **extra) -> dict:
     }
 
 
-def record(path: str) -> None:
+def record(path: str, only: set[str] | None = None) -> None:
+    """Write every case's fingerprint to `path`, or with `only` (policy names) re-record just those
+    policies' cases into the existing file, keeping the others as recorded from the old code (a
+    policy whose scores changed on purpose, as VaSE's weight grid did, gets new fingerprints)."""
     from kvagent.runtime import Engine
     from kvagent.runtime.models import load_qwen3_tokenizer, tiny_random_model
 
     torch.set_num_threads(2)
     tok = load_qwen3_tokenizer()
     out = {}
+    if only:
+        with open(path) as f:
+            out = json.load(f)
     for kind in ("qwen3", "llama"):
         engine = Engine.load(tiny_random_model(kind, vocab_size=512, seed=1), tokenizer=tok, device="cpu")
         for name, case in cases().items():
-            out[f"{kind}/{name}"] = fingerprint(engine, case)
+            if not only or case["policy"] in only:
+                out[f"{kind}/{name}"] = fingerprint(engine, case, framework="topk-all")
     with open(path, "w") as f:
         json.dump(out, f, separators=(",", ":"))
 
 
 if __name__ == "__main__":
-    record(sys.argv[1])
+    # python -m tests.runtime.topk_reference PATH [POLICY,...]
+    record(sys.argv[1], set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None)

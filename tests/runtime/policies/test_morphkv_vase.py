@@ -134,3 +134,26 @@ def test_vase_never_spends_its_large_picks_on_protected_entries(rand_view, top_k
     s = make_policy("vase").scores(view)
     nxt = rng[0, 0].masked_fill(view.protected[0, 0], float("-inf")).topk(4).indices
     assert (s[0, 0, nxt] > 1.0).all()
+
+
+def test_vase_weights_are_stable_under_float_noise_and_floored_at_one_grid_step():
+    # What a batched forward does to attention probabilities: the same weights, each off by a
+    # last-bit-sized absolute error. Raw weights far below the head's largest change by a large
+    # relative amount, so log(u)/w reorders; on the grid they are equal but at a grid line.
+    from kvagent.runtime.policies.vase import grid_weights
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.rand(1, 2, 400, generator=g) ** 8  # many tiny weights, as softmax tails are
+    noisy = w + 1e-8 * torch.randn(w.shape, generator=g)
+    cand = torch.ones(w.shape, dtype=torch.bool)
+    a, b = grid_weights(w, cand), grid_weights(noisy.clamp_min(0), cand)
+    assert (a != b).float().mean() < 0.01
+    assert ((w / noisy.clamp_min(1e-30) - 1).abs() > 1e-3).any()  # the raw ones do move
+    step = 2.0**-12
+    assert a.min() == step and a.amax(-1).eq(1.0).all()
+    assert torch.allclose(a, (w / w.amax(-1, keepdim=True)).clamp_min(step), atol=step / 2)
+    # The largest CANDIDATE sets the scale: a kept (non-candidate) entry's weight does not.
+    cand[..., 0] = False
+    w2 = w.clone()
+    w2[..., 0] = 100.0
+    assert torch.equal(grid_weights(w2, cand)[..., 1:], grid_weights(w, cand)[..., 1:])
