@@ -86,7 +86,20 @@ def parse(argv=None):
         "--long-layers", type=int, default=None, help="depth of the long part (default 8; quick 1)"
     )
     ap.add_argument("--policies", default=None, help="comma list (default: every registered policy)")
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--parts",
+        default=",".join(CAPS),
+        help="comma list of oracle, production, long, batched (default: all); the time cap is "
+        "shared among the parts named. long and batched run on production's model, so they need it",
+    )
+    args = ap.parse_args(argv)
+    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in args.parts if p not in CAPS]
+    if unknown or not args.parts:
+        ap.error(f"--parts: {', '.join(unknown) or 'none named'}; use a comma list of {', '.join(CAPS)}")
+    if "production" not in args.parts and {"long", "batched"} & set(args.parts):
+        ap.error("--parts: long and batched run on production's model; add production to the list")
+    return args
 
 
 def device_total_bytes(device: torch.device) -> int:
@@ -235,8 +248,9 @@ def main(argv=None) -> int:
     plan = QUICK if args.quick else FULL
     shape = gpu_shapes.QWEN3_QUICK if args.quick else gpu_shapes.QWEN3_32B
     total_s = args.budget_s or (120.0 if args.quick else 450.0)
-    scale = total_s / sum(CAPS.values())
-    clock = Clock(total_s, {k: v * scale for k, v in CAPS.items()})
+    caps = {k: v for k, v in CAPS.items() if k in args.parts}
+    scale = total_s / sum(caps.values())
+    clock = Clock(total_s, {k: v * scale for k, v in caps.items()})
     names = args.policies.split(",") if args.policies else available()
     policies = (
         ["full"]
@@ -263,7 +277,7 @@ def main(argv=None) -> int:
             "python": platform.python_version(),
             "policies": policies,
             "budget_s": total_s,
-            "caps_s": {k: round(v * scale, 1) for k, v in CAPS.items()},
+            "caps_s": {k: round(v * scale, 1) for k, v in caps.items()},
             "sdpa": sdpa_probe(device, shape, torch.bfloat16),
         },
         "skipped": skipped,
@@ -274,42 +288,46 @@ def main(argv=None) -> int:
     try:
         part_s = res["meta"]["part_s"] = {}
         t = time.perf_counter()
-        res["oracle"] = {
-            "rows": gpu_oracle.run(device, policies, clock, skipped, turns=2 if args.quick else 4),
-            "tolerance": gpu_report.TOLERANCE,
-        }
-        part_s["oracle"], t = time.perf_counter() - t, time.perf_counter()
-        save(args, res)
-        model, engine, long_depth = production(
-            args, plan, device, dtype, shape, policies, clock, res, skipped
-        )
-        part_s["production"], t = time.perf_counter() - t, time.perf_counter()
-        save(args, res)
-        long_part(
-            args, plan, device, dtype, shape, policies, clock, res, skipped, long_depth, engine.n_layers
-        )
-        part_s["long"], t = time.perf_counter() - t, time.perf_counter()
-        save(args, res)
-        bplan = dict(plan, policy="random" if "random" in policies else policies[-1])
-        res["batched"] = gpu_batched.run(
-            model,
-            engine.tokenizer,
-            device,
-            dtype,
-            bplan,
-            clock,
-            skipped,
-            res.get("hints", {}),
-            res["production"]["memory"],
-        )
-        part_s["batched"] = time.perf_counter() - t
+        if "oracle" in args.parts:
+            res["oracle"] = {
+                "rows": gpu_oracle.run(device, policies, clock, skipped, turns=2 if args.quick else 4),
+                "tolerance": gpu_report.TOLERANCE,
+            }
+            part_s["oracle"], t = time.perf_counter() - t, time.perf_counter()
+            save(args, res)
+        if "production" in args.parts:
+            model, engine, long_depth = production(
+                args, plan, device, dtype, shape, policies, clock, res, skipped
+            )
+            part_s["production"], t = time.perf_counter() - t, time.perf_counter()
+            save(args, res)
+        if "long" in args.parts:
+            long_part(
+                args, plan, device, dtype, shape, policies, clock, res, skipped, long_depth, engine.n_layers
+            )
+            part_s["long"], t = time.perf_counter() - t, time.perf_counter()
+            save(args, res)
+        if "batched" in args.parts:
+            bplan = dict(plan, policy="random" if "random" in policies else policies[-1])
+            res["batched"] = gpu_batched.run(
+                model,
+                engine.tokenizer,
+                device,
+                dtype,
+                bplan,
+                clock,
+                skipped,
+                res.get("hints", {}),
+                res["production"]["memory"],
+            )
+            part_s["batched"] = time.perf_counter() - t
     except OutOfTime:
         res["meta"]["aborted"] = "hard time limit reached; later parts missing"
         status = 2
     finally:
         signal.alarm(0)
     res["meta"]["peak_bytes"], res["meta"]["peak_kind"] = process_peak_bytes(device)
-    res["goals"] = gpu_report.goals(res)
+    res["goals"] = gpu_report.goals(res) if "production" in res else []  # goals are production's
     save(args, res)
     print(f"wrote {Path(args.out) / 'gpu.json'} and gpu.md in {time.perf_counter() - t0:.0f} s")
     if status:

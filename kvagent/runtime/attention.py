@@ -26,6 +26,33 @@ ACTIVE_CACHE: contextvars.ContextVar = contextvars.ContextVar("kvagent_active_ca
 _FLASH = None
 
 
+def decode_backends(device_type: str) -> list | None:
+    """The SDPA kernels a decode call may use on `device_type` (None: PyTorch's own choice).
+
+    On CUDA, PyTorch prefers cuDNN's attention on Hopper, and cuDNN builds an execution graph for
+    every new key length: a decode step has a new length at every token (and, under per-layer
+    budgets such as PyramidKV's, in every layer). Profiled on an H200 (docs/benchmarks.md, "GPU"):
+    about 44 ms of host time per build, a third of a 64-layer decode step under a uniform budget
+    (one build a step, shared by the layers) and nearly all of it under PyramidKV's. Flash and memory-efficient kernels have no per-shape set-up, so decode
+    calls are kept to them (math stays as the last resort). Chunks keep every kernel: one build
+    serves a whole chunk, and only cuDNN runs a bool mask with GQA fused."""
+    if device_type != "cuda":
+        return None
+    from torch.nn.attention import SDPBackend
+
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _sdpa_call(query, key, value, decode: bool, **kw) -> torch.Tensor:
+    backends = decode_backends(query.device.type) if decode else None
+    if backends is None:
+        return F.scaled_dot_product_attention(query, key, value, **kw)
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(backends):
+        return F.scaled_dot_product_attention(query, key, value, **kw)
+
+
 def flash_available() -> bool:
     global _FLASH
     if _FLASH is None:
@@ -63,8 +90,8 @@ def sdpa(query, key, value, scaling, valid=None):
     if valid is not None:
         per_head = valid.repeat_interleave(query.shape[1] // key.shape[1], dim=1).unsqueeze(2)
         mask = per_head if mask is None else per_head & mask
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, is_causal=causal, scale=scaling, enable_gqa=gqa
+    out = _sdpa_call(
+        query, key, value, q_len == 1, attn_mask=mask, is_causal=causal, scale=scaling, enable_gqa=gqa
     )
     return out.transpose(1, 2)
 
@@ -134,8 +161,8 @@ def attend_rows(query, keys, values, lengths: list[int], scaling: float, backend
         q, gqa = query.reshape(b, h_kv, h_q // h_kv, query.shape[-1]), False
     else:
         q, gqa = query.unsqueeze(2), True
-    out = F.scaled_dot_product_attention(
-        q, keys[:, :, :n_max], values[:, :, :n_max], attn_mask=mask, scale=scaling, enable_gqa=gqa
+    out = _sdpa_call(
+        q, keys[:, :, :n_max], values[:, :, :n_max], True, attn_mask=mask, scale=scaling, enable_gqa=gqa
     )
     return out.reshape(1, b, h_q, out.shape[-1])
 

@@ -28,3 +28,28 @@ def test_rows_equal_each_row_attended_alone(dtype, h_q, h_kv, lengths):
         alone = sdpa(query[i][None, :, None], keys[i : i + 1, :, :n], values[i : i + 1, :, :n], 0.25)
         tol = 1e-5 if dtype == torch.float32 else 1e-2
         torch.testing.assert_close(out[0, i].float(), alone[0, 0].float(), atol=tol, rtol=tol)
+
+
+def test_decode_calls_are_kept_to_the_kernels_decode_backends_names(monkeypatch):
+    # On CUDA, decode_backends leaves out cuDNN (a graph build per new key length). Here the same
+    # route is driven on the CPU with a list no CPU kernel satisfies: decode calls (one query, and
+    # attend_rows' runs) must fail on it, and chunk calls must not see it.
+    from torch.nn.attention import SDPBackend
+
+    from kvagent.runtime import attention
+
+    assert attention.decode_backends("cpu") is None
+    on_cuda = attention.decode_backends("cuda")
+    assert SDPBackend.CUDNN_ATTENTION not in on_cuda and SDPBackend.FLASH_ATTENTION in on_cuda
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 2, 9, 8, generator=g)
+    one, chunk = torch.randn(1, 4, 1, 8, generator=g), torch.randn(1, 4, 3, 8, generator=g)
+    before = sdpa(one, k, k, 0.3)
+    monkeypatch.setattr(attention, "decode_backends", lambda device_type: [SDPBackend.CUDNN_ATTENTION])
+    with pytest.raises(RuntimeError):
+        sdpa(one, k, k, 0.3)
+    with pytest.raises(RuntimeError):
+        attend_rows(one[:, :, 0], k, k, [9], 0.3, "sdpa")
+    sdpa(chunk, k, k, 0.3)  # a chunk keeps PyTorch's own choice
+    monkeypatch.setattr(attention, "decode_backends", lambda device_type: [SDPBackend.MATH])
+    assert torch.allclose(sdpa(one, k, k, 0.3), before, atol=1e-6)
