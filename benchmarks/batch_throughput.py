@@ -13,13 +13,17 @@ import argparse
 import copy
 import json
 import sys
-import threading
 import time
+from functools import partial
+from pathlib import Path
 
 import torch
 
 from kvagent.options import split_list
 from kvagent.runtime import CacheConfig, Engine
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _threads import run_together  # noqa: E402
 
 
 def _ids(gen: torch.Generator, n: int, vocab: int) -> list[int]:
@@ -55,26 +59,7 @@ def sequential(engine, cfgs, prompt: int, steps: int) -> float:
 def concurrent(engine, cfgs, prompt: int, steps: int) -> tuple[float, list]:
     """Decode tokens/s of the sessions run at once, one thread each (prefill untimed)."""
     sessions = [prefilled(engine, c, prompt, c.seed) for c in cfgs]
-    barrier = threading.Barrier(len(cfgs) + 1)
-    errors = []
-
-    def drive(s):
-        try:
-            barrier.wait()
-            decode(s, steps)
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=drive, args=(s,)) for s in sessions]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
+    elapsed = run_together([partial(decode, s, steps) for s in sessions])
     return len(cfgs) * steps / elapsed, sessions
 
 

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 import time
 from collections import defaultdict
+from functools import partial
+from pathlib import Path
 
 import torch
 
 from kvagent.options import split_list
 from kvagent.runtime import CacheConfig, Engine
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _threads import run_together  # noqa: E402
 
 FAMILIES = (
     ("linear", ("addmm", "aten::mm", "aten::bmm", "linear", "matmul", "mkldnn")),
@@ -125,20 +131,7 @@ def batched(engine, n: int, args, profile: bool) -> dict:
         s.append(_ids(args.length, engine.model.config.vocab_size, 10 + i))
 
     def run(steps: int) -> float:
-        barrier = threading.Barrier(n + 1)
-
-        def drive(s):
-            barrier.wait()
-            decode(s, steps)
-
-        threads = [threading.Thread(target=drive, args=(s,)) for s in sessions]
-        for t in threads:
-            t.start()
-        barrier.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join()
-        return time.perf_counter() - t0
+        return run_together([partial(decode, s, steps) for s in sessions])
 
     run(4)
     sched = engine.scheduler

@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
+import sys
 import time
+from functools import partial
+from pathlib import Path
 
 import torch
 
 from kvagent.runtime import CacheConfig, Engine
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _threads import run_together  # noqa: E402
 
 POLICIES = ("random", "snapkv", "h2o", "streaming", "pyramidkv", "nexus")
 
@@ -66,26 +71,7 @@ def sequential(engine, cfgs, eps) -> float:
 
 def batched(engine, cfgs, eps) -> float:
     sessions = [engine.session(c) for c in cfgs]
-    barrier = threading.Barrier(len(cfgs) + 1)
-    errors: list[BaseException] = []
-
-    def drive(s, ep):
-        try:
-            barrier.wait()
-            play(s, ep)
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=drive, args=(s, ep)) for s, ep in zip(sessions, eps, strict=True)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return time.perf_counter() - t0
+    return run_together([partial(play, s, ep) for s, ep in zip(sessions, eps, strict=True)])
 
 
 def composition(sched_mod):
