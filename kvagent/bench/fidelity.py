@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kvagent.bench import replay as rp
 from kvagent.bench.progress import NoProgress
+from kvagent.bench.reference_cache import cached_reference
 from kvagent.bench.stream import Stream
 from kvagent.bench.tables import fidelity_markdown
 from kvagent.errors import ConfigError
@@ -190,12 +191,12 @@ def run_fidelity(
     per_run = {st.name: len(st.ids) + (len(st.probe.question) if st.probe else 0) for st in streams}
     total = progress.task("settings", len(todo))
     lock = threading.Lock()
-    # References first (one per episode, kept: top-k rows of scored tokens only), then the policy
-    # runs, which only read them and so can run side by side.
+    # References first (one per episode, kept in memory and under out_dir/references: top-k rows of
+    # scored tokens only), then the policy runs, which only read them and so can run side by side.
     refs = {} if refs is None else refs
     for stream in [st for st in dict.fromkeys(st for st, _ in todo) if st.digest() not in refs]:
         bar = progress.task(f"{stream.name} reference", per_run[stream.name])
-        refs[stream.digest()] = rp.reference_run(engine, stream, progress=bar.advance)
+        refs[stream.digest()] = cached_reference(engine, stream, out, model_name, progress=bar.advance)
         bar.done()
 
     def run_one(item: tuple[Stream, RunSpec]) -> None:

@@ -9,7 +9,6 @@ first eviction. `kvagent.bench.study_analysis` turns the records into the pre-re
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from kvagent.bench import replay as rp
 from kvagent.bench.episodes import Episode
 from kvagent.bench.fidelity import load_records, pending_runs, run_fidelity
+from kvagent.bench.reference_cache import cached_reference, reference_path
 from kvagent.bench.stream import Stream
 from kvagent.bench.study_design import Arm, Design, budget_for
 from kvagent.errors import ConfigError
@@ -181,13 +181,14 @@ def estimate(engine, streams: Sequence[Stream], design: Design, out_dir: str | P
     if not todo:
         return Estimate(total, total, len(skipped), 0, 0.0)
     first = next((st for st, _ in todo if st.digest() not in refs), todo[0][0])
-    if first.digest() not in refs:
-        t0 = time.perf_counter()
-        refs[first.digest()] = rp.reference_run(engine, first)
-        spt = (time.perf_counter() - t0) / replay_tokens(first, RunSpec("full"))
-    else:
-        spt = refs[first.digest()].wall_s / replay_tokens(first, RunSpec("full"))
-    pending_refs = {st.digest(): st for st, _ in todo if st.digest() not in refs}
+    if first.digest() not in refs:  # from out_dir/references when an earlier start replayed it
+        refs[first.digest()] = cached_reference(engine, first, Path(out_dir), model_name)
+    spt = refs[first.digest()].wall_s / replay_tokens(first, RunSpec("full"))
+    pending_refs = {
+        st.digest(): st
+        for st, _ in todo
+        if st.digest() not in refs and not reference_path(Path(out_dir), engine, st, model_name).exists()
+    }
     tokens = sum(replay_tokens(st, s) for st, s in todo if s.policy != "full")
     tokens += sum(replay_tokens(st, RunSpec("full")) for st in pending_refs.values())
     return Estimate(total, total - len(todo), len(skipped), tokens, spt)
