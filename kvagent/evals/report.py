@@ -55,6 +55,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
         ]
     lines += _environment_lines(summary)
     lines += [
+        "Evicting runs use the papers' framework (recent-buffer: the newest r entries are never "
+        "scored) unless the policy says topk-all.",
+        "",
         "| policy | mode | budget | instances | seeds | Resolved | Pass@1 % | "
         f"{level}% CI | Pass@k % | errors | steps | tokens | evictions | KV MiB |",
         "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",

@@ -21,7 +21,7 @@ import numpy as np
 
 from kvagent.errors import KvagentError
 from kvagent.fileio import read_jsonl
-from kvagent.runspec import RunSpec
+from kvagent.runspec import DEFAULTS, RunSpec
 
 RUN_FIELDS = ("instance_id", "policy", "mode", "budget", "seed", "resolved")
 COST_FIELDS = ("steps", "tokens", "evictions", "kv_bytes")
@@ -51,13 +51,30 @@ def config_of(run: Mapping[str, Any]) -> RunSpec:
     return RunSpec.from_record(run).configuration
 
 
+def shown_variant(cfg: RunSpec) -> list[str]:
+    """The label parts a table shows beside the policy: the framework only where it is not today's
+    default (labels compare with the pre-#26 baseline, so every default run's label names
+    recent-buffer, which a table row need not repeat)."""
+    parts = [p for p, k in zip(cfg.variant, cfg.varied, strict=True) if k != "framework"]
+    if cfg.evicts and cfg.framework != DEFAULTS["framework"]:
+        parts.append(cfg.framework)
+    return parts
+
+
 def policy_name(cfg: RunSpec) -> str:
     """The policy as tables show it: `snapkv`, or `snapkv (heads-adaptive)` for a variant."""
-    return f"{cfg.policy} ({', '.join(cfg.variant)})" if cfg.variant else cfg.policy
+    parts = shown_variant(cfg)
+    return f"{cfg.policy} ({', '.join(parts)})" if parts else cfg.policy
 
 
 def config_fields(cfg: RunSpec) -> dict[str, Any]:
-    return {"policy": cfg.policy, "mode": cfg.mode, "budget": cfg.budget, "variant": ", ".join(cfg.variant)}
+    return {
+        "policy": cfg.policy,
+        "mode": cfg.mode,
+        "budget": cfg.budget,
+        "framework": cfg.framework if cfg.evicts else None,
+        "variant": ", ".join(shown_variant(cfg)),
+    }
 
 
 def _budget_key(budget: Any) -> tuple[int, float, str]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvagent.errors import KvagentError
-from kvagent.evals.report import write_report
+from kvagent.evals.report import render_markdown, write_report
 from kvagent.evals.stats import build_table, load_runs, percentile_ci, sign_test, summarize
 
 
@@ -26,8 +26,11 @@ def run(iid, policy, seed, resolved, mode="persistent", budget=1024, **over):
         "tokens": 1000,
         "evictions": 0,
         "kv_bytes": 2**20,
+        "framework": "recent-buffer",  # what today's runner records (a record without it is pre-#26)
     }
     rec.update(over)
+    if rec["framework"] is None:  # a record from before the field existed
+        del rec["framework"]
     return rec
 
 
@@ -176,10 +179,10 @@ def test_groups_by_mode_and_budget_and_rerun_replaces():
     t = build_table(runs)
     labels = [c.label for c in t.configs]  # the run spec's label, as in file names
     assert labels == [
-        "A__persistent__K1024",
-        "A__persistent__K2048",
-        "B__persistent__K1024",
-        "A__reprefill__K1024",
+        "A__persistent__K1024__recent-buffer",
+        "A__persistent__K2048__recent-buffer",
+        "B__persistent__K1024__recent-buffer",
+        "A__reprefill__K1024__recent-buffer",
     ]
     s = summarize(runs, n_boot=100)
     assert config(s, "A", mode="reprefill")["pass_at_1"] == 1.0  # the later record of (i1, seed 0) wins
@@ -254,3 +257,19 @@ def test_a_sweep_carries_the_head_budget_into_labels_and_configs():
     assert by_policy["full"].label == "full__persistent__dense"  # one dense run serves both
     with pytest.raises(ConfigError, match="head_budget"):
         sweep(["random"], ["persistent"], [64], head_budget="adaptive")
+
+
+def test_tables_name_the_framework_only_where_it_is_not_the_default():
+    # Today's default (recent-buffer) reads as the plain policy; a record from before the field
+    # existed ran topk-all and says so; both are their own configurations with a framework field.
+    runs = [run(i, "random", 0, True) for i in ("i1", "i2")]
+    runs += [run(i, "random", 0, False, framework=None) for i in ("i1", "i2")]
+    s = summarize(runs, n_boot=200, seed=0)
+    rows = {(r["policy"], r["variant"]): r for r in s["configs"]}
+    assert set(rows) == {("random", ""), ("random", "topk-all")}
+    assert rows[("random", "")]["framework"] == "recent-buffer" and rows[("random", "")]["pass_at_1"] == 1.0
+    assert rows[("random", "topk-all")]["framework"] == "topk-all"
+    (c,) = s["comparisons"]
+    assert {c["a"], c["b"]} == {"random", "random (topk-all)"}
+    md = render_markdown(s)
+    assert "| random (topk-all) |" in md and "| random |" in md and "recent-buffer" not in md.split("| policy |")[1]
