@@ -23,13 +23,13 @@ from kvagent.cli.params import run_app
 from kvagent.errors import ConfigError
 
 
-def _episode(name: str, replies: int, obs: str = "output of the command") -> Episode:
+def _episode(name: str, replies: int, obs: str = "output of the command", words: int = 0) -> Episode:
     msgs = [
         {"role": "system", "content": "You are an agent."},
         {"role": "user", "content": f"Fix bug {name}."},
     ]
     for i in range(replies):
-        msgs.append({"role": "assistant", "content": f"step {i} " * (i + 2)})
+        msgs.append({"role": "assistant", "content": f"step {i} " * (words // 2 or i + 2)})
         msgs.append({"role": "tool", "content": f"{obs} {i}"})
     return Episode(name=name, messages=msgs)
 
@@ -241,9 +241,11 @@ def test_bench_serve_against_kvagent_serve(kvagent_serve, tmp_path, capsys):
 def test_metrics_are_sampled_while_the_load_runs(kvagent_serve):
     from kvagent.bench.serve_load import LoadSettings, run_load
 
-    convs = build_workload(
-        [_episode("g", 2), _episode("h", 2)], _count_words, _words, Limits(max_reply=24), 2
-    )
+    # Replies of 160 tokens keep each turn running for a good part of a second on the tiny model:
+    # with 4-token replies a turn could end between two scrapes on a loaded machine (seen in CI).
+    eps = [_episode("g", 2, words=160), _episode("h", 2, words=160)]
+    convs = build_workload(eps, _count_words, _words, Limits(max_reply=160), 2)
+    assert all(t.max_tokens >= 150 for c in convs for t in c.turns)
     (res,) = run_load([Target(kvagent_serve)], convs, LoadSettings(concurrency=2, scrape_every_s=0.01))
     assert len(res["records"]) == 4 and all(r["ok"] for r in res["records"])
     # running is 0 before and after the load: a peak of 1+ was seen by the sampler during it

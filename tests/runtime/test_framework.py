@@ -35,7 +35,11 @@ def _same_as_before(tiny_engines, key):
     ref = REFERENCE[key]
     assert (got["rounds"], got["evicted"]) == (ref["rounds"], ref["evicted"])
     assert got["kept"] == ref["kept"], "the keep-sets differ from the old code's"
-    torch.testing.assert_close(torch.tensor(got["logits"]), torch.tensor(ref["logits"]), atol=1e-4, rtol=1e-5)
+    # A mark sums a random projection of up to 81 x 512 logits, so it keeps the absolute rounding
+    # of terms far larger than itself: on another machine than the one that recorded them (an AMD
+    # EPYC), float32 kernels moved 3 of ~500 marks by up to 3.9e-4.
+    # The keep-sets above are compared exactly; a wrong cache moves the marks by far more than 1e-3.
+    torch.testing.assert_close(torch.tensor(got["logits"]), torch.tensor(ref["logits"]), atol=1e-3, rtol=1e-5)
 
 
 @pytest.mark.parametrize("key", QUICK)
