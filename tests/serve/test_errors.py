@@ -123,3 +123,14 @@ def test_at_least_25_kinds_and_the_server_keeps_serving(server):
     assert httpx.get(server.url + "/health", timeout=30).json() == {"status": "ok"}
     # a failed first request left no session behind to be continued
     assert m["kvagent_live_sessions"] == 0
+
+
+def test_models_lists_the_one_served_model_as_the_openai_client_reads_it(server):
+    # Harnesses (litellm, mini-swe-agent) list models first; the id is the name requests must use,
+    # and max_model_len is the context a client may size its requests to (vLLM's field).
+    (card,) = server.client.models.list().data
+    assert card.id == MODEL and card.object == "model" and card.owned_by == "kvagent"
+    assert card.model_extra["max_model_len"] == server.engine.max_context > 0
+    r = httpx.post(server.url + CHAT, content=chat(model=card.id + "-other"), timeout=60)
+    assert r.status_code == 400, r.text
+    assert card.id in r.json()["error"]["message"]

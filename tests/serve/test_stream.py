@@ -73,7 +73,9 @@ def test_token_id_prompts_and_ignore_eos(serve, solo_engine):
 
 def test_client_disconnect_stops_generation(serve, solo_engine):
     srv = serve(solo_engine)
-    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 5000, "stream": True, "ignore_eos": True}
+    # 60,000 tokens take minutes on any CPU: a generation that went on after the client left would
+    # still be running at the deadline below.
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 60_000, "stream": True, "ignore_eos": True}
     with (
         httpx.Client(timeout=60) as client,
         client.stream("POST", f"{srv.url}/v1/chat/completions", json=body) as r,
@@ -82,7 +84,7 @@ def test_client_disconnect_stops_generation(serve, solo_engine):
         lines = r.iter_lines()
         got = [line for _, line in zip(range(6), lines, strict=False)]
         assert any(line.startswith("data: ") for line in got)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         m = srv.metrics()
         if m["kvagent_client_disconnects_total"] >= 1 and m["kvagent_requests_running"] == 0:
@@ -90,7 +92,6 @@ def test_client_disconnect_stops_generation(serve, solo_engine):
         time.sleep(0.2)
     assert m["kvagent_client_disconnects_total"] == 1 and m["kvagent_requests_running"] == 0
     assert m["kvagent_busy_sessions"] == 0
-    assert m["kvagent_generation_tokens_total"] < 1000, "generation went on after the client left"
     # the server goes on serving
     r2 = srv.client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, temperature=0)
     assert r2.choices[0].finish_reason == "length"
