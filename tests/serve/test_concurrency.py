@@ -124,3 +124,24 @@ def test_idle_sessions_past_kv_memory_are_dropped_lru_and_restart(serve, solo_en
     assert m['kvagent_sessions_started_total{reason="dropped"}'] == 1
     assert m['kvagent_sessions_dropped_total{reason="kv_memory"}'] == 2  # B went when A came back
     assert m["kvagent_kv_memory_limit_bytes"] == 1
+
+
+def test_the_least_recently_used_idle_session_is_the_one_dropped(serve, solo_engine):
+    # Two sessions at most (the count limit shares the byte limit's victim rule): A, then B, then A
+    # again; a third conversation C must drop B (used longest ago), not A (created first).
+    srv = serve(solo_engine, max_sessions=2)
+
+    def ask(messages):
+        r = srv.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+        return r, messages + [{"role": "assistant", "content": r.choices[0].message.content}]
+
+    _, a = ask([{"role": "user", "content": "Conversation A: list the files."}])
+    _, b = ask([{"role": "user", "content": "Conversation B: run the tests."}])
+    ra, a = ask(a + [{"role": "user", "content": "And now?"}])
+    assert ra.model_extra["kvagent"]["status"] == "continued"
+    ask([{"role": "user", "content": "Conversation C: read the README."}])
+    assert srv.metrics()['kvagent_sessions_dropped_total{reason="max_sessions"}'] == 1
+    ra, _ = ask(a + [{"role": "user", "content": "Next?"}])
+    assert ra.model_extra["kvagent"]["status"] == "continued"  # A survived
+    rb, _ = ask(b + [{"role": "user", "content": "And now?"}])
+    assert rb.model_extra["kvagent"]["status"] == "new" and rb.model_extra["kvagent"]["reason"] == "dropped"
