@@ -14,4 +14,8 @@ def test_demo_on_smollm2_reduced(tmp_path, capsys):
     by = {(r["policy"], r["mode"]): r for r in records}
     assert by[("full", "persistent")]["kl"] == 0.0
     assert by[("random", "persistent")]["rounds"] > 0
+    # The planted fact is one the full cache retrieves on SmolLM2 (else the demo drops the probe):
+    # the demo shows which evicting runs lose it.
+    full = by[("full", "persistent")]
+    assert full["probe_retrieved"] is True and full["probe_logp"] > -1.0, full
     assert (tmp_path / "demo.png").exists() and (tmp_path / "fidelity.md").exists()
