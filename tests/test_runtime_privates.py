@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ROOT / "kvagent" / "runtime"
-SCANNED = [ROOT / "kvagent", ROOT / "tests", ROOT / "benchmarks"]
+SCANNED = [ROOT / "kvagent", ROOT / "tests", ROOT / "benchmarks", ROOT / "scripts"]
 
 # (file relative to the root, private name): why that access stays.
 ALLOWED = {
