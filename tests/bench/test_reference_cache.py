@@ -5,8 +5,8 @@ and a torn file or another model's never stands in for it."""
 import pytest
 
 from kvagent.bench import fidelity
-from kvagent.bench import replay as rp
 from kvagent.bench import reference_cache as rc
+from kvagent.bench import replay as rp
 from kvagent.bench.episodes import from_messages
 from kvagent.bench.stream import build_stream
 from kvagent.runspec import RunSpec
@@ -43,9 +43,13 @@ def test_a_restart_reads_the_reference_it_wrote(tiny_engine, stream, replays, tm
     (path,) = (tmp_path / rc.REFERENCES).iterdir()
     assert path == rc.reference_path(tmp_path, tiny_engine, stream, "tiny")
     # A new setting in the same out dir: compared against the reference on disk, not a new replay.
-    both = fidelity.run_fidelity(tiny_engine, [stream], [_spec(k), _spec(k + 32)], tmp_path, "tiny", plot=False)
+    both = fidelity.run_fidelity(
+        tiny_engine, [stream], [_spec(k), _spec(k + 32)], tmp_path, "tiny", plot=False
+    )
     assert replays == ["fixture"] and len(both) == 2
-    fresh = fidelity.run_fidelity(tiny_engine, [stream], [_spec(k + 32)], tmp_path / "fresh", "tiny", plot=False)
+    fresh = fidelity.run_fidelity(
+        tiny_engine, [stream], [_spec(k + 32)], tmp_path / "fresh", "tiny", plot=False
+    )
     assert replays == ["fixture", "fixture"]
     by_budget = {r["budget"]: r for r in both}
     assert by_budget[k]["kl"] == first[0]["kl"]

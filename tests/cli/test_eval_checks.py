@@ -112,7 +112,9 @@ def test_a_fraction_budget_with_a_protected_prompt_fails_before_the_sandbox(
     assert not (out / "trajectories").exists()
 
 
-def test_a_fraction_budget_fits_the_prompt_once_the_recent_buffer_delays_the_first_round(mini, engine, tmp_path):
+def test_a_fraction_budget_fits_the_prompt_once_the_recent_buffer_delays_the_first_round(
+    mini, engine, tmp_path
+):
     # K = 0.9 L: topk-all's first round comes at L = K + r (~1,280 tokens, K below the ~1,500-token
     # prompt); recent-buffer's at K + 2r (2,560 tokens, K = 2,304 above it), so the same grid runs.
     out = tmp_path / "run"

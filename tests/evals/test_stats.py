@@ -272,4 +272,8 @@ def test_tables_name_the_framework_only_where_it_is_not_the_default():
     (c,) = s["comparisons"]
     assert {c["a"], c["b"]} == {"random", "random (topk-all)"}
     md = render_markdown(s)
-    assert "| random (topk-all) |" in md and "| random |" in md and "recent-buffer" not in md.split("| policy |")[1]
+    assert (
+        "| random (topk-all) |" in md
+        and "| random |" in md
+        and "recent-buffer" not in md.split("| policy |")[1]
+    )
