@@ -293,3 +293,41 @@ def test_batched_ns_over_memory_run_at_the_largest_that_fits(ns, n_max, planned)
     import gpu_batched
 
     assert gpu_batched.plan_ns(ns, n_max) == planned
+
+
+def test_profile_script_quick_run_ranks_ops_per_policy(tmp_path):
+    # benchmarks/gpu/profile_policy.py found the cuDNN graph builds on the H200; its CPU smoke run
+    # keeps it from rotting between leases.
+    out = tmp_path / "prof"
+    code = f"""
+import runpy
+sys.argv = ["profile_policy.py", "--quick", "--device", "cpu", "--out", {str(out)!r},
+            "--policies", "snapkv,pyramidkv"]
+runpy.run_path({str(GPU_DIR / "profile_policy.py")!r}, run_name="__main__")
+"""
+    p = _python(code, tmp_path, timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    res = json.loads((out / "profile.json").read_text())
+    assert [r["policy"] for r in res["rows"]] == ["snapkv", "pyramidkv"]
+    for r in res["rows"]:
+        assert r["step_ms"] > 0 and r["prefill"]["tok_s"] > 0
+        assert r["by_host"] and all(o["self_host_ms"] >= 0 for o in r["by_host"])
+    md = (out / "profile.md").read_text()
+    assert "## pyramidkv: top ops by own host time" in md
+
+
+def test_parts_runs_the_oracle_alone_and_refuses_long_without_production(tmp_path):
+    out = tmp_path / "o"
+    code = f"""
+import runpy
+sys.argv = ["run.py", "--quick", "--device", "cpu", "--out", {str(out)!r}, "--parts", "oracle",
+            "--policies", "random"]
+runpy.run_path({str(GPU_DIR / "run.py")!r}, run_name="__main__")
+"""
+    p = _python(code, tmp_path, timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    res = json.loads((out / "gpu.json").read_text(), parse_constant=_no_nan)
+    assert res["oracle"]["rows"] and "production" not in res and res["goals"] == []
+    assert list(res["meta"]["caps_s"]) == ["oracle"]
+    bad = _python(code.replace('"oracle"', '"long"'), tmp_path, timeout=120)
+    assert bad.returncode == 2 and "add production" in bad.stderr
