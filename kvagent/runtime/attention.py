@@ -16,6 +16,7 @@ import importlib.util
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ATTN_NAME = "kvagent"
 
@@ -24,6 +25,7 @@ ATTN_NAME = "kvagent"
 ACTIVE_CACHE: contextvars.ContextVar = contextvars.ContextVar("kvagent_active_cache", default=None)
 
 _FLASH = None
+_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def decode_backends(device_type: str) -> list | None:
@@ -33,22 +35,17 @@ def decode_backends(device_type: str) -> list | None:
     every new key length: a decode step has a new length at every token (and, under per-layer
     budgets such as PyramidKV's, in every layer). Profiled on an H200 (docs/benchmarks.md, "GPU"):
     about 44 ms of host time per build, a third of a 64-layer decode step under a uniform budget
-    (one build a step, shared by the layers) and nearly all of it under PyramidKV's. Flash and memory-efficient kernels have no per-shape set-up, so decode
-    calls are kept to them (math stays as the last resort). Chunks keep every kernel: one build
-    serves a whole chunk, and only cuDNN runs a bool mask with GQA fused."""
-    if device_type != "cuda":
-        return None
-    from torch.nn.attention import SDPBackend
-
-    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    (one build a step, shared by the layers) and nearly all of it under PyramidKV's. Flash and
+    memory-efficient kernels have no per-shape set-up, so decode calls are kept to them (math stays
+    as the last resort). Chunks keep every kernel: one build serves a whole chunk, and only cuDNN
+    runs a bool mask with GQA fused."""
+    return _NO_CUDNN if device_type == "cuda" else None
 
 
 def _sdpa_call(query, key, value, decode: bool, **kw) -> torch.Tensor:
     backends = decode_backends(query.device.type) if decode else None
     if backends is None:
         return F.scaled_dot_product_attention(query, key, value, **kw)
-    from torch.nn.attention import sdpa_kernel
-
     with sdpa_kernel(backends):
         return F.scaled_dot_product_attention(query, key, value, **kw)
 
