@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from kvagent.fileio import atomic_write_json, atomic_write_text  # noqa: E402
 from kvagent.runtime import Engine  # noqa: E402
+from kvagent.runtime.policies import available  # noqa: E402
 
 TOP = 15  # ops listed per ranking
 
@@ -45,6 +46,10 @@ def parse(argv=None):
     ap.add_argument("--length", type=int, default=4096, help="tokens before the steps (quick 256)")
     ap.add_argument("--steps", type=int, default=8, help="decode steps timed, then profiled (quick 4)")
     args = ap.parse_args(argv)
+    args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in args.policies if p not in available()]
+    if unknown or not args.policies:
+        ap.error(f"--policies: {', '.join(unknown) or 'none named'}; choose from {', '.join(available())}")
     if args.quick:
         args.layers, args.budget, args.buffer, args.length, args.steps = 2, 64, 32, 256, 4
     return args
@@ -139,8 +144,8 @@ def main(argv=None) -> int:
     }
     out = Path(args.out)
     rows: list[dict] = []
-    for policy in args.policies.split(","):
-        rows.append(one(engine, policy.strip(), args))
+    for policy in args.policies:
+        rows.append(one(engine, policy, args))
         # after each policy, so a run cut short keeps what it profiled
         atomic_write_json(out / "profile.json", {"meta": meta, "rows": rows})
         atomic_write_text(out / "profile.md", markdown(meta, rows))

@@ -314,6 +314,8 @@ runpy.run_path({str(GPU_DIR / "profile_policy.py")!r}, run_name="__main__")
         assert r["by_host"] and all(o["self_host_ms"] >= 0 for o in r["by_host"])
     md = (out / "profile.md").read_text()
     assert "## pyramidkv: top ops by own host time" in md
+    bad = _python(code.replace("snapkv,pyramidkv", "snapkv,pyramid"), tmp_path, timeout=120)
+    assert bad.returncode == 2 and "--policies: pyramid; choose from" in bad.stderr
 
 
 def test_parts_runs_the_oracle_alone_and_refuses_long_without_production(tmp_path):
