@@ -4,6 +4,11 @@ and by their own host time, side by side with a policy whose step is known to be
 
     python benchmarks/gpu/profile_policy.py --policies snapkv,pyramidkv --out prof   # CUDA, ~1 min
     python benchmarks/gpu/profile_policy.py --quick --device cpu --out tmp           # the test
+    python benchmarks/gpu/profile_policy.py --kernels both --out prof   # decode kernels A/B
+
+`--kernels both` profiles each policy twice in one process: with PyTorch's own SDPA choice for
+decode calls (cuDNN on Hopper: the state before attention.decode_backends) and with the runtime's
+list, so the fix's effect is a ratio measured side by side.
 
 Writes OUT/profile.md (step times and the top ops per policy) and OUT/profile.json.
 """
@@ -11,6 +16,7 @@ Writes OUT/profile.md (step times and the top ops per policy) and OUT/profile.js
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -28,10 +34,25 @@ from gpu_decode import Runner, sync  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from kvagent.fileio import atomic_write_json, atomic_write_text  # noqa: E402
-from kvagent.runtime import Engine  # noqa: E402
+from kvagent.runtime import Engine, attention  # noqa: E402
 from kvagent.runtime.policies import available  # noqa: E402
 
 TOP = 15  # ops listed per ranking
+KERNELS = ("runtime", "pytorch", "both")
+
+
+@contextlib.contextmanager
+def decode_kernels(which: str):
+    """`pytorch`: decode calls get PyTorch's own SDPA choice, as before decode_backends existed."""
+    if which == "runtime":
+        yield
+        return
+    kept = attention.decode_backends
+    attention.decode_backends = lambda device_type: None
+    try:
+        yield
+    finally:
+        attention.decode_backends = kept
 
 
 def parse(argv=None):
@@ -45,6 +66,12 @@ def parse(argv=None):
     ap.add_argument("--buffer", type=int, default=128, help="r (default 128; quick 32)")
     ap.add_argument("--length", type=int, default=4096, help="tokens before the steps (quick 256)")
     ap.add_argument("--steps", type=int, default=8, help="decode steps timed, then profiled (quick 4)")
+    ap.add_argument(
+        "--kernels",
+        choices=KERNELS,
+        default="runtime",
+        help="decode SDPA kernels: the runtime's list, PyTorch's own choice, or both side by side",
+    )
     args = ap.parse_args(argv)
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in args.policies if p not in available()]
@@ -70,7 +97,12 @@ def ranked(prof, key: str, device: bool) -> list[dict]:
     return [r for r in rows if r[key] > 0][:TOP] if device or key == "self_host_ms" else rows[:TOP]
 
 
-def one(engine, policy: str, args) -> dict:
+def one(engine, policy: str, kernels: str, args) -> dict:
+    with decode_kernels(kernels):
+        return _profiled(engine, policy, args) | {"kernels": kernels}
+
+
+def _profiled(engine, policy: str, args) -> dict:
     runner = Runner(engine, policy, args.budget, args.buffer, 512, hints={})
     grow = runner.grow(args.length)
     timed = runner.window(args.steps)
@@ -101,19 +133,22 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         f"{meta['shape']}, K={meta['budget']}, r={meta['buffer']}, {meta['length']} tokens before "
         f"{meta['steps']} timed and {meta['steps']} profiled decode steps.",
         "",
-        "| policy | prefill tok/s | step ms | rounds in the timed steps | most entries in a layer |",
-        "|---|---:|---:|---:|---:|",
+        "| policy | decode kernels | prefill tok/s | step ms | rounds in the timed steps | most entries in a layer |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         tok_s = r["prefill"]["tok_s"] if r["prefill"] else float("nan")
-        lines.append(f"| {r['policy']} | {tok_s:.0f} | {r['step_ms']:.2f} | {r['rounds']} | {r['entries']} |")
+        lines.append(
+            f"| {r['policy']} | {r['kernels']} | {tok_s:.0f} | {r['step_ms']:.2f} | {r['rounds']} | {r['entries']} |"
+        )
+    lines += ratios(rows)
     for r in rows:
         for key, title in (("by_device", "own device time"), ("by_host", "own host time")):
             if not r[key]:
                 continue
             lines += [
                 "",
-                f"## {r['policy']}: top ops by {title} ({meta['steps']} steps)",
+                f"## {r['policy']} ({r['kernels']} kernels): top ops by {title} ({meta['steps']} steps)",
                 "",
                 "| op | calls | own device ms | own host ms |",
                 "|---|---:|---:|---:|",
@@ -123,6 +158,23 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                 for o in r[key]
             ]
     return "\n".join(lines) + "\n"
+
+
+def ratios(rows: list[dict]) -> list[str]:
+    """runtime / pytorch per policy, where both were profiled: the fix's effect, side by side."""
+    by = {(r["policy"], r["kernels"]): r for r in rows}
+    pairs = [(p, by[p, "runtime"], by[p, "pytorch"]) for p, k in by if k == "runtime" and (p, "pytorch") in by]
+    if not pairs:
+        return []
+    out = [
+        "",
+        "| policy | step, runtime / pytorch kernels | prefill tok/s, runtime / pytorch kernels |",
+        "|---|---:|---:|",
+    ]
+    for p, a, b in pairs:
+        pre = a["prefill"]["tok_s"] / b["prefill"]["tok_s"] if a["prefill"] and b["prefill"] else float("nan")
+        out.append(f"| {p} | {a['step_ms'] / b['step_ms']:.3f} | {pre:.3f} |")
+    return out
 
 
 def main(argv=None) -> int:
@@ -140,16 +192,19 @@ def main(argv=None) -> int:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "shape": "qwen3-quick" if args.quick else "qwen3-32b",
-        **{k: getattr(args, k) for k in ("layers", "budget", "buffer", "length", "steps")},
+        **{k: getattr(args, k) for k in ("layers", "budget", "buffer", "length", "steps", "kernels")},
     }
+    kernels = ("pytorch", "runtime") if args.kernels == "both" else (args.kernels,)
     out = Path(args.out)
     rows: list[dict] = []
-    for policy in args.policies:
-        rows.append(one(engine, policy, args))
-        # after each policy, so a run cut short keeps what it profiled
-        atomic_write_json(out / "profile.json", {"meta": meta, "rows": rows})
-        atomic_write_text(out / "profile.md", markdown(meta, rows))
-        print(f"{policy}: step {rows[-1]['step_ms']:.2f} ms", flush=True)
+    for i, policy in enumerate(args.policies):
+        # the order flips from one policy to the next, so warm-up favours neither setting throughout
+        for k in kernels if i % 2 == 0 else kernels[::-1]:
+            rows.append(one(engine, policy, k, args))
+            # after each run, so a run cut short keeps what it profiled
+            atomic_write_json(out / "profile.json", {"meta": meta, "rows": rows})
+            atomic_write_text(out / "profile.md", markdown(meta, rows))
+            print(f"{policy} ({k} kernels): step {rows[-1]['step_ms']:.2f} ms", flush=True)
     return 0
 
 

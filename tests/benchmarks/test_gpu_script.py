@@ -313,9 +313,36 @@ runpy.run_path({str(GPU_DIR / "profile_policy.py")!r}, run_name="__main__")
         assert r["step_ms"] > 0 and r["prefill"]["tok_s"] > 0
         assert r["by_host"] and all(o["self_host_ms"] >= 0 for o in r["by_host"])
     md = (out / "profile.md").read_text()
-    assert "## pyramidkv: top ops by own host time" in md
+    assert "## pyramidkv (runtime kernels): top ops by own host time" in md
     bad = _python(code.replace("snapkv,pyramidkv", "snapkv,pyramid"), tmp_path, timeout=120)
     assert bad.returncode == 2 and "--policies: pyramid; choose from" in bad.stderr
+
+
+def test_profile_policy_kernels_both_profiles_each_policy_under_both_and_restores(tmp_path):
+    # the A/B of attention.decode_backends: both settings in one process, then the runtime's own
+    # choice must be back in place (a benchmark must not leave the runtime patched)
+    out = tmp_path / "prof"
+    code = f"""
+import runpy
+from kvagent.runtime import attention
+kept = attention.decode_backends
+sys.argv = ["profile_policy.py", "--quick", "--device", "cpu", "--out", {str(out)!r},
+            "--policies", "snapkv,random", "--kernels", "both"]
+try:
+    runpy.run_path({str(GPU_DIR / "profile_policy.py")!r}, run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+assert attention.decode_backends is kept
+print("RESTORED")
+"""
+    p = _python(code, tmp_path, timeout=300)
+    assert p.returncode == 0 and "RESTORED" in p.stdout, (p.stdout + p.stderr)[-4000:]
+    res = json.loads((out / "profile.json").read_text())
+    got = [(r["policy"], r["kernels"]) for r in res["rows"]]
+    assert got == [("snapkv", "pytorch"), ("snapkv", "runtime"), ("random", "runtime"), ("random", "pytorch")]
+    md = (out / "profile.md").read_text()
+    assert "| policy | step, runtime / pytorch kernels |" in md
+    assert md.count("\n| snapkv | ") == 3 and md.count("\n| random | ") == 3  # two rows and one ratio each
 
 
 def test_parts_runs_the_oracle_alone_and_refuses_long_without_production(tmp_path):
