@@ -163,7 +163,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
 def ratios(rows: list[dict]) -> list[str]:
     """runtime / pytorch per policy, where both were profiled: the fix's effect, side by side."""
     by = {(r["policy"], r["kernels"]): r for r in rows}
-    pairs = [(p, by[p, "runtime"], by[p, "pytorch"]) for p, k in by if k == "runtime" and (p, "pytorch") in by]
+    pairs = [
+        (p, by[p, "runtime"], by[p, "pytorch"]) for p, k in by if k == "runtime" and (p, "pytorch") in by
+    ]
     if not pairs:
         return []
     out = [
