@@ -4,11 +4,11 @@ and by their own host time, side by side with a policy whose step is known to be
 
     python benchmarks/gpu/profile_policy.py --policies snapkv,pyramidkv --out prof   # CUDA, ~1 min
     python benchmarks/gpu/profile_policy.py --quick --device cpu --out tmp           # the test
-    python benchmarks/gpu/profile_policy.py --kernels both --out prof   # decode kernels A/B
+    python benchmarks/gpu/profile_policy.py --kernels both --out prof   # kernels A/B
 
-`--kernels both` profiles each policy twice in one process: with PyTorch's own SDPA choice for
-decode calls (cuDNN on Hopper: the state before attention.decode_backends) and with the runtime's
-list, so the fix's effect is a ratio measured side by side.
+`--kernels both` profiles each policy twice in one process: with PyTorch's own SDPA choice (cuDNN
+on Hopper: the state before attention.decode_backends and attention.chunk_mask) and with the
+runtime's, so the fixes' effect is a ratio measured side by side.
 
 Writes OUT/profile.md (step times and the top ops per policy) and OUT/profile.json.
 """
@@ -43,16 +43,20 @@ KERNELS = ("runtime", "pytorch", "both")
 
 @contextlib.contextmanager
 def decode_kernels(which: str):
-    """`pytorch`: decode calls get PyTorch's own SDPA choice, as before decode_backends existed."""
+    """`pytorch`: PyTorch's own SDPA choice for every call, as before attention.decode_backends and
+    attention.chunk_mask existed (no kernel list for decode, a bool mask for chunks)."""
     if which == "runtime":
         yield
         return
-    kept = attention.decode_backends
+    kept = attention.decode_backends, attention.chunk_mask
     attention.decode_backends = lambda device_type: None
+    attention.chunk_mask = lambda q, kv, device: torch.ones(q, kv, dtype=torch.bool, device=device).tril(
+        kv - q
+    )
     try:
         yield
     finally:
-        attention.decode_backends = kept
+        attention.decode_backends, attention.chunk_mask = kept
 
 
 def parse(argv=None):
@@ -70,7 +74,7 @@ def parse(argv=None):
         "--kernels",
         choices=KERNELS,
         default="runtime",
-        help="decode SDPA kernels: the runtime's list, PyTorch's own choice, or both side by side",
+        help="SDPA kernels: the runtime's choice, PyTorch's own, or both side by side",
     )
     args = ap.parse_args(argv)
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -133,7 +137,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         f"{meta['shape']}, K={meta['budget']}, r={meta['buffer']}, {meta['length']} tokens before "
         f"{meta['steps']} timed and {meta['steps']} profiled decode steps.",
         "",
-        "| policy | decode kernels | prefill tok/s | step ms | rounds in the timed steps | most entries in a layer |",
+        "| policy | SDPA kernels | prefill tok/s | step ms | rounds in the timed steps | most entries in a layer |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:

@@ -17,6 +17,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 ATTN_NAME = "kvagent"
 
@@ -37,9 +38,17 @@ def decode_backends(device_type: str) -> list | None:
     about 44 ms of host time per build, a third of a 64-layer decode step under a uniform budget
     (one build a step, shared by the layers) and nearly all of it under PyramidKV's. Flash and
     memory-efficient kernels have no per-shape set-up, so decode calls are kept to them (math stays
-    as the last resort). Chunks keep every kernel: one build serves a whole chunk, and only cuDNN
-    runs a bool mask with GQA fused."""
+    as the last resort). Chunks need no such list: `sdpa` gives them a lower-right causal bias,
+    which PyTorch sends to flash (or memory-efficient) attention, never to cuDNN."""
     return _NO_CUDNN if device_type == "cuda" else None
+
+
+def chunk_mask(q_len: int, kv_len: int, device: torch.device):
+    """The mask of a chunk of `q_len` queries whose keys end the `kv_len` in the call: lower-right
+    causal. A bool mask here sent bf16 GQA chunks to cuDNN on the H200, which builds a graph per new
+    key length (per layer under PyramidKV's budgets); PyTorch sends this causal bias to flash (or
+    memory-efficient) attention, which need no set-up, and materialises it where neither applies."""
+    return causal_lower_right(q_len, kv_len)
 
 
 def _sdpa_call(query, key, value, decode: bool, **kw) -> torch.Tensor:
@@ -78,15 +87,17 @@ def sdpa(query, key, value, scaling, valid=None):
     q_len, kv_len = query.shape[2], key.shape[2]
     mask = None
     causal = False
-    if q_len > 1:
-        if q_len == kv_len and valid is None:
-            causal = True
-        else:
-            mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
     gqa = query.shape[1] != key.shape[1]
     if valid is not None:
-        per_head = valid.repeat_interleave(query.shape[1] // key.shape[1], dim=1).unsqueeze(2)
-        mask = per_head if mask is None else per_head & mask
+        mask = valid.repeat_interleave(query.shape[1] // key.shape[1], dim=1).unsqueeze(2)
+        if q_len > 1:
+            mask = mask & torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(
+                kv_len - q_len
+            )
+    elif q_len > 1 and q_len == kv_len:
+        causal = True
+    elif q_len > 1:
+        mask = chunk_mask(q_len, kv_len, query.device)
     out = _sdpa_call(
         query, key, value, q_len == 1, attn_mask=mask, is_causal=causal, scale=scaling, enable_gqa=gqa
     )

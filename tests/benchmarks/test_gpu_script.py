@@ -325,14 +325,14 @@ def test_profile_policy_kernels_both_profiles_each_policy_under_both_and_restore
     code = f"""
 import runpy
 from kvagent.runtime import attention
-kept = attention.decode_backends
+kept = attention.decode_backends, attention.chunk_mask
 sys.argv = ["profile_policy.py", "--quick", "--device", "cpu", "--out", {str(out)!r},
             "--policies", "snapkv,random", "--kernels", "both"]
 try:
     runpy.run_path({str(GPU_DIR / "profile_policy.py")!r}, run_name="__main__")
 except SystemExit as e:
     assert not e.code, e.code
-assert attention.decode_backends is kept
+assert (attention.decode_backends, attention.chunk_mask) == kept
 print("RESTORED")
 """
     p = _python(code, tmp_path, timeout=300)

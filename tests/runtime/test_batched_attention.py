@@ -53,3 +53,36 @@ def test_decode_calls_are_kept_to_the_kernels_decode_backends_names(monkeypatch)
     sdpa(chunk, k, k, 0.3)  # a chunk keeps PyTorch's own choice
     monkeypatch.setattr(attention, "decode_backends", lambda device_type: [SDPBackend.MATH])
     assert torch.allclose(sdpa(one, k, k, 0.3), before, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("h_q", "h_kv"), [(6, 2), (4, 4)])
+def test_a_chunk_on_a_cache_gets_the_lower_right_causal_bias_not_a_bool_mask(monkeypatch, dtype, h_q, h_kv):
+    # A bool mask sent bf16 GQA chunks to cuDNN on the H200 (a graph per new key length); the
+    # causal bias goes to flash. The bias must mask exactly what the bool mask did: each chunk
+    # query sees every cached entry and the chunk up to itself.
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import CausalBias
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, h_q, 5, 16, generator=g).to(dtype)
+    k, v = (torch.randn(1, h_kv, 12, 16, generator=g).to(dtype) for _ in range(2))
+    bool_mask = torch.ones(5, 12, dtype=torch.bool).tril(12 - 5)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask, scale=0.3, enable_gqa=h_q != h_kv)
+    from kvagent.runtime import attention
+
+    seen = []
+    real = attention._sdpa_call
+    monkeypatch.setattr(
+        attention, "_sdpa_call", lambda *a, **kw: seen.append(kw["attn_mask"]) or real(*a, **kw)
+    )
+    got = sdpa(q, k, v, 0.3)
+    assert len(seen) == 1 and isinstance(seen[0], CausalBias)
+    torch.testing.assert_close(got, want.transpose(1, 2))
+    # PAD entries (a ragged layer) still need a per-head bool mask, causal within the chunk
+    valid = torch.ones(1, h_kv, 12, dtype=torch.bool)
+    valid[:, 0, 2] = False
+    seen.clear()
+    ragged = sdpa(q, k, v, 0.3, valid)
+    assert seen[0].dtype == torch.bool and not seen[0][0, 0, :, 2].any() and not seen[0][0, -1, 0, 8:].any()
+    assert not torch.equal(ragged, got)
