@@ -44,10 +44,10 @@ def mean_kl(ref: list[torch.Tensor], got: list[torch.Tensor]) -> float:
 
 
 def kvagent_side(
-    engine, episodes, context: int, keeps, window: int, kernel: int, beta: float, save=None
+    engine, episodes, context: int, keeps, window: int, kernel: int, betas, save=None
 ) -> list[dict]:
-    """Each episode's full run, then each policy at each kept fraction; `save(records)` after each
-    run, so a run stopped early keeps what it finished."""
+    """Each episode's full run, then each policy at each kept fraction (pyramidkv at each beta);
+    `save(records)` after each run, so a run stopped early keeps what it finished."""
     records = []
     for ep in episodes:
         ref = forced_logprobs(engine.session(CacheConfig(window=window)), ep["ids"], context)
@@ -59,8 +59,9 @@ def kvagent_side(
                 "logp_forced": [float(lp[t]) for lp, t in zip(ref, forced, strict=True)],
             }
         )
-        for policy in POLICIES:
-            args = {"kernel": kernel} | ({"beta": beta, "window": window} if policy == "pyramidkv" else {})
+        runs = [("snapkv", None)] + [("pyramidkv", b) for b in betas]
+        for policy, beta in runs:
+            args = {"kernel": kernel} | ({"beta": beta, "window": window} if beta is not None else {})
             for keep in keeps:
                 k = int(context * keep)  # kvpress keeps int(k_len * (1 - compression_ratio))
                 # kvpress compresses once with no recent buffer: its protocol is the topk-all framework
@@ -71,26 +72,30 @@ def kvagent_side(
                 kept = list(s.stats.entries)
                 got = [torch.log_softmax(s.step(t).reshape(-1).double(), dim=-1) for t in forced]
                 records.append({"episode": ep["name"], "policy": policy, "keep_ratio": keep, "budget": k,
-                                "kl": mean_kl(ref, got), "kept_per_layer": kept,
+                                "beta": beta, "kl": mean_kl(ref, got), "kept_per_layer": kept,
                                 "schedule": s.policy.schedule})  # fmt: skip
+                label = policy if beta is None else f"{policy} b={beta:g}"
                 print(
-                    f"kvagent {ep['name'][:40]:<40} {policy:<10} K={k}: KL {records[-1]['kl']:.4f}",
-                    flush=True,
+                    f"kvagent {ep['name'][:40]:<40} {label:<14} K={k}: KL {records[-1]['kl']:.4f}", flush=True
                 )
                 if save is not None:
                     save(records)
     return records
 
 
-def mean_over(records, policy, keep, field="kl"):
-    xs = [r[field] for r in records if r["policy"] == policy and r.get("keep_ratio") == keep]
+def _picked(r, policy, keep, beta) -> bool:
+    return r["policy"] == policy and r.get("keep_ratio") == keep and (beta is None or r.get("beta") == beta)
+
+
+def mean_over(records, policy, keep, field="kl", beta=None):
+    xs = [r[field] for r in records if _picked(r, policy, keep, beta)]
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def kept_span(records, policy, keep) -> str:
+def kept_span(records, policy, keep, beta=None) -> str:
     """Entries the bottom and top layers kept (first episode: the schedule, not the data, sets them)."""
     for r in records:
-        if r["policy"] == policy and r.get("keep_ratio") == keep:
+        if _picked(r, policy, keep, beta):
             return f"{r['kept_per_layer'][0]}..{r['kept_per_layer'][-1]}"
     return "-"
 
@@ -107,7 +112,8 @@ def main() -> None:
     ap.add_argument("--keep", default="0.5,0.2", help="fractions of the context kept")
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--kernel", type=int, default=5)
-    ap.add_argument("--beta", type=float, default=20.0)
+    ap.add_argument("--beta", default="20", help="pyramidkv's beta; a comma list runs each (a sweep)")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--kvpress-python", default=str(ROOT / ".venv-kvpress/bin/python"))
     ap.add_argument("--kvpress-json", help="a finished reference run to reuse")
     ap.add_argument("--no-reference", action="store_true", help="kvagent's side only (its KL ratios)")
@@ -115,7 +121,10 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     keeps = [float(x) for x in split_list(args.keep, "keep")]
-    torch.set_num_threads(2)
+    betas = [float(x) for x in split_list(args.beta, "beta")]
+    if len(betas) > 1 and not args.no_reference:
+        raise SystemExit("--beta: a sweep runs kvagent's side only; add --no-reference")
+    torch.set_num_threads(args.threads)
     engine = Engine.load("smollm2", dtype="float32", device="cpu")
     need = args.context + args.forced
     episodes = []
@@ -125,7 +134,7 @@ def main() -> None:
             episodes.append({"name": e.name, "ids": ids[:need]})
         if len(episodes) == args.n:
             break
-    spec = {"context": args.context, "window": args.window, "kernel": args.kernel, "beta": args.beta,
+    spec = {"context": args.context, "window": args.window, "kernel": args.kernel, "beta": betas[0],
             "keep_ratios": keeps, "episodes": episodes}  # fmt: skip
     atomic_write_json(out / "ids.json", spec)
     ref_path = Path(args.kvpress_json) if args.kvpress_json else out / "kvpress.json"
@@ -136,7 +145,7 @@ def main() -> None:
                "--ids", str(out / "ids.json"), "--out", str(ref_path)]  # fmt: skip
         reference = subprocess.Popen(cmd)
     try:
-        ours = kvagent_side(engine, episodes, args.context, keeps, args.window, args.kernel, args.beta,
+        ours = kvagent_side(engine, episodes, args.context, keeps, args.window, args.kernel, betas,
                             save=lambda recs: atomic_write_json(out / "kvagent.json", recs))  # fmt: skip
         if reference is not None and reference.wait() != 0:
             raise SystemExit(
@@ -147,9 +156,12 @@ def main() -> None:
             reference.terminate()  # Ctrl-C or a failure here: do not leave it running
     if args.no_reference:
         for k in keeps:
-            ratio = mean_over(ours, "pyramidkv", k) / mean_over(ours, "snapkv", k)
-            print(f"kvagent @{k:.0%}: snapkv KL {mean_over(ours, 'snapkv', k):.4f} ({kept_span(ours, 'snapkv', k)}), "
-                  f"pyramidkv KL {mean_over(ours, 'pyramidkv', k):.4f} ({kept_span(ours, 'pyramidkv', k)}): {ratio:.2f}x")  # fmt: skip
+            snap = mean_over(ours, "snapkv", k)
+            print(f"kvagent @{k:.0%}: snapkv KL {snap:.4f} ({kept_span(ours, 'snapkv', k)})")
+            for b in betas:
+                pyr = mean_over(ours, "pyramidkv", k, beta=b)
+                print(f"  pyramidkv beta {b:g}: KL {pyr:.4f} ({kept_span(ours, 'pyramidkv', k, b)}), "
+                      f"{pyr / snap:.2f}x snapkv")  # fmt: skip
         return
     ref = json.loads(ref_path.read_text(encoding="utf-8"))
     # The two full caches must agree, or the comparison is between different models.
@@ -166,7 +178,7 @@ def main() -> None:
         out / "pyramid_reference.json", {"kvagent": ours, "kvpress": ref, "full_logp_drift": drift}
     )
     print(f"\n{len(episodes)} episodes, context {args.context}, forced {args.forced}, window {args.window}, "
-          f"kernel {args.kernel}, beta {args.beta:g}; kvpress {ref['kvpress']} (transformers {ref['transformers']}); "
+          f"kernel {args.kernel}, beta {betas[0]:g}; kvpress {ref['kvpress']} (transformers {ref['transformers']}); "
           f"full caches agree to {drift:.1e} in log p")  # fmt: skip
     head = "| policy |" + "".join(
         f" kvpress KL @{k:.0%} | kvagent KL @{int(args.context * k)} |" for k in keeps
