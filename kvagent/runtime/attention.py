@@ -43,6 +43,25 @@ def decode_backends(device_type: str) -> list | None:
     return _NO_CUDNN if device_type == "cuda" else None
 
 
+def _cpu_has_bf16_units() -> bool:
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+# Where a CPU has no bf16 units (AVX2 only), SDPA's GQA kernel for one decode query is 5-7x slower
+# in bfloat16 than the same attention with a KV head's query group as its query rows (measured on
+# the 2-core AMD EPYC VM, docs/benchmarks.md "Cuts"); with AMX, one row per head with GQA was the
+# faster call in bfloat16 (commit 814f4e6's machine). float32 keeps its layouts everywhere.
+CPU_BF16_UNITS = _cpu_has_bf16_units()
+
+
+def fold_decode_groups(query: torch.Tensor) -> bool:
+    """Whether a decode call puts each KV head's query group in its query rows (no GQA expansion)."""
+    if query.dtype == torch.float32:
+        return False
+    return query.device.type == "cpu" and not CPU_BF16_UNITS
+
+
 def chunk_mask(q_len: int, kv_len: int, device: torch.device):
     """The mask of a chunk of `q_len` queries whose keys end the `kv_len` in the call: lower-right
     causal. A bool mask here sent bf16 GQA chunks to cuDNN on the H200, which builds a graph per new
@@ -85,9 +104,11 @@ def sdpa(query, key, value, scaling, valid=None):
     """(B, q, H_q, D) attention of a chunk on a cache whose entries all precede it (bottom-right
     causal). `valid` (B, H_kv, kv_len) bool hides a ragged layer's PAD entries (cache.py), per head."""
     q_len, kv_len = query.shape[2], key.shape[2]
+    gqa = query.shape[1] != key.shape[1]
+    if q_len == 1 and gqa and fold_decode_groups(query):
+        return _decode_folded(query, key, value, scaling, valid)
     mask = None
     causal = False
-    gqa = query.shape[1] != key.shape[1]
     if valid is not None:
         mask = valid.repeat_interleave(query.shape[1] // key.shape[1], dim=1).unsqueeze(2)
         if q_len > 1:
@@ -102,6 +123,17 @@ def sdpa(query, key, value, scaling, valid=None):
         query, key, value, q_len == 1, attn_mask=mask, is_causal=causal, scale=scaling, enable_gqa=gqa
     )
     return out.transpose(1, 2)
+
+
+def _decode_folded(query, key, value, scaling, valid):
+    """`sdpa` for one query token: (1, H_q, 1, D) as (1, H_kv, group, D), PAD entries masked per KV
+    head. Query head h*group + j reads KV head h, as GQA's expansion maps them."""
+    b, h_q, _, d = query.shape
+    h_kv = key.shape[1]
+    mask = None if valid is None else valid.unsqueeze(2)  # (B, H_kv, 1, kv_len)
+    q = query.reshape(b, h_kv, h_q // h_kv, d)
+    out = _sdpa_call(q, key, value, True, attn_mask=mask, scale=scaling)
+    return out.reshape(b, h_q, 1, d).transpose(1, 2)
 
 
 def flash(query, key, value, scaling):
@@ -156,16 +188,16 @@ def attend_rows(query, keys, values, lengths: list[int], scaling: float, backend
             causal=False,
         )  # (b, 1, H_q, D)
         return out.transpose(0, 1)
-    # One token per row; a per-row key-length mask hides each row's padding. Layout by dtype, as
-    # measured on CPU (docs/benchmarks.md, "Where kvagent's time goes"): in float32 the query heads
-    # sharing a kv head as that head's query rows (no GQA expansion) is the faster call; in
-    # bfloat16/float16 one query row per head with enable_gqa is 1.5x faster than that.
+    # One token per row; a per-row key-length mask hides each row's padding. In float32, and in
+    # bfloat16 on a CPU without bf16 units, the query heads sharing a KV head as that head's query
+    # rows (no GQA expansion) is the faster call; elsewhere one query row per head with enable_gqa
+    # (1.5x faster in bfloat16 on commit 814f4e6's CPU).
     n_max = max(lengths)
     mask = None
     if min(lengths) != n_max:
         n = torch.tensor(lengths, device=query.device)
         mask = (torch.arange(n_max, device=query.device) < n[:, None]).view(b, 1, 1, n_max)
-    if query.dtype == torch.float32 or h_q == h_kv:
+    if query.dtype == torch.float32 or h_q == h_kv or fold_decode_groups(query):
         q, gqa = query.reshape(b, h_kv, h_q // h_kv, query.shape[-1]), False
     else:
         q, gqa = query.unsqueeze(2), True

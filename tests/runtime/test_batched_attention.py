@@ -86,3 +86,37 @@ def test_a_chunk_on_a_cache_gets_the_lower_right_causal_bias_not_a_bool_mask(mon
     ragged = sdpa(q, k, v, 0.3, valid)
     assert seen[0].dtype == torch.bool and not seen[0][0, 0, :, 2].any() and not seen[0][0, -1, 0, 8:].any()
     assert not torch.equal(ragged, got)
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_decode_folds_query_groups_in_bf16_where_the_cpu_has_no_bf16_units(monkeypatch, dtype, ragged):
+    # SDPA's GQA kernel for one bf16 query was 5-7x slower than the folded layout on an AVX2-only
+    # CPU; the folded call must attend exactly as the GQA one, PAD entries (ragged heads) included,
+    # and float32 must keep its GQA call (the study's numerics do not move).
+    from kvagent.runtime import attention
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 6, 1, 16, generator=g).to(dtype)
+    k, v = (torch.randn(1, 2, 11, 16, generator=g).to(dtype) for _ in range(2))
+    valid = None
+    if ragged:
+        valid = torch.ones(1, 2, 11, dtype=torch.bool)
+        valid[0, 1, :3] = False
+    calls = []
+    real = attention._sdpa_call
+    monkeypatch.setattr(
+        attention, "_sdpa_call", lambda *a, **kw: calls.append((a[0].shape, kw)) or real(*a, **kw)
+    )
+    monkeypatch.setattr(attention, "CPU_BF16_UNITS", True)
+    with_gqa = sdpa(q, k, v, 0.3, valid)
+    assert calls[-1][1]["enable_gqa"] is True
+    monkeypatch.setattr(attention, "CPU_BF16_UNITS", False)
+    got = sdpa(q, k, v, 0.3, valid)
+    folded = dtype != torch.float32
+    assert calls[-1][0] == ((1, 2, 3, 16) if folded else (1, 6, 1, 16))
+    assert calls[-1][1].get("enable_gqa", False) is not folded
+    assert got.shape == (1, 1, 6, 16)
+    torch.testing.assert_close(got.float(), with_gqa.float(), atol=1e-6, rtol=0)
+    if ragged:  # the masked entries really are hidden: unmasked, head group 1 reads them
+        assert not torch.allclose(got.float(), sdpa(q, k, v, 0.3).float(), atol=1e-3)
