@@ -78,3 +78,22 @@ def test_records_of_other_frameworks_or_schedules_never_share_a_key():
     assert record_key(rec) == record_key({**rec, "framework": "topk-all", "schedule": "uniform"})
     assert record_key(rec) != record_key({**rec, "framework": "recent-buffer", "schedule": "uniform"})
     assert record_key(rec) != record_key({**rec, "framework": "topk-all", "schedule": "paper"})
+
+
+def test_each_record_names_the_schedule_its_policy_ran(tiny_engine, episode_record):
+    # Issue #32: a pyramidkv record must say it ran the paper's split, so a record from the old
+    # split (no field: "uniform") can never be resumed as today's run.
+    from kvagent.bench import replay as rp
+    from kvagent.bench.episodes import from_messages
+    from kvagent.bench.fidelity import summarise
+    from kvagent.bench.stream import build_stream
+    from kvagent.runspec import RunSpec
+
+    stream = build_stream(from_messages("fx", episode_record(turns=3)["messages"]), tiny_engine.tokenizer)
+    ref = rp.reference_run(tiny_engine, stream)
+    got = {}
+    for policy in ("pyramidkv", "snapkv"):
+        spec = RunSpec(policy=policy, budget=48, buffer=8, protect="sink")
+        res = rp.policy_run(tiny_engine, stream, spec, ref.reference)
+        got[policy] = summarise(spec, stream, "tiny", res, 0.0)["schedule"]
+    assert got == {"pyramidkv": "paper", "snapkv": "uniform"}
