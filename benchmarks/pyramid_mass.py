@@ -17,16 +17,13 @@ import argparse
 from pathlib import Path
 
 import torch
+from _pyramid_protocol import add_protocol_args, protocol_episodes
 from transformers import AutoModelForCausalLM
 
-from kvagent.bench.sources import load_episodes
-from kvagent.bench.stream import build_stream
 from kvagent.fileio import atomic_write_json
 from kvagent.options import split_list
 from kvagent.runtime import CacheConfig, Engine
 from kvagent.runtime.models import smollm2_dir
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def forced_attention(model, ids: list[int], context: int) -> list[torch.Tensor]:
@@ -57,18 +54,9 @@ def lost_mass(attn: torch.Tensor, kept: torch.Tensor) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument(
-        "--episodes", default=str(ROOT.parent / "shared/data/trajectories_dev.jsonl") + ":plant=0"
-    )
-    ap.add_argument("--n", type=int, default=3, help="episodes (the first long enough)")
-    ap.add_argument("--context", type=int, default=2048)
-    ap.add_argument("--forced", type=int, default=256)
+    add_protocol_args(ap)
     ap.add_argument("--keep", type=float, default=0.2)
-    ap.add_argument("--window", type=int, default=64)
-    ap.add_argument("--kernel", type=int, default=5)
     ap.add_argument("--beta", default="20,5,2", help="pyramidkv's beta values, a comma list")
-    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -88,16 +76,12 @@ def main() -> None:
             policy_args={"kernel": args.kernel, "beta": float(b), "window": args.window},
             **common,
         )
-    need = args.context + args.forced
     rows = []
-    for e in load_episodes([args.episodes]):
-        ids = build_stream(e, engine.tokenizer).ids
-        if len(ids) < need:
-            continue
-        ids = ids[:need]
+    for ep in protocol_episodes(args, engine.tokenizer):
+        ids = ep["ids"]
         attn = forced_attention(model, ids, args.context)
         row = {
-            "episode": e.name,
+            "episode": ep["name"],
             "on_context": [float(a.sum(dim=1).mean()) for a in attn],
             "lost": {},
             "kept": {},
@@ -106,12 +90,10 @@ def main() -> None:
             kept = kept_positions(engine, ids[: args.context], cfg)
             row["lost"][name] = [lost_mass(a, p) for a, p in zip(attn, kept, strict=True)]
             row["kept"][name] = [int(p.shape[-1]) for p in kept]
-            print(f"{e.name[:40]:<40} {name:<14} lost {sum(row['lost'][name]) / len(attn):.4f} of the "
+            print(f"{ep['name'][:40]:<40} {name:<14} lost {sum(row['lost'][name]) / len(attn):.4f} of the "
                   f"forced tokens' attention, mean over layers", flush=True)  # fmt: skip
         rows.append(row)
         atomic_write_json(out / "pyramid_mass.json", {"args": vars(args), "rows": rows})
-        if len(rows) == args.n:
-            break
     print(markdown(rows, list(schedules)))
 
 

@@ -22,9 +22,8 @@ import sys
 from pathlib import Path
 
 import torch
+from _pyramid_protocol import add_protocol_args, protocol_episodes
 
-from kvagent.bench.sources import load_episodes
-from kvagent.bench.stream import build_stream
 from kvagent.fileio import atomic_write_json
 from kvagent.options import split_list
 from kvagent.runtime import CacheConfig, Engine
@@ -102,18 +101,9 @@ def kept_span(records, policy, keep, beta=None) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument(
-        "--episodes", default=str(ROOT.parent / "shared/data/trajectories_dev.jsonl") + ":plant=0"
-    )
-    ap.add_argument("--n", type=int, default=3, help="episodes (the first long enough)")
-    ap.add_argument("--context", type=int, default=2048)
-    ap.add_argument("--forced", type=int, default=256)
+    add_protocol_args(ap)
     ap.add_argument("--keep", default="0.5,0.2", help="fractions of the context kept")
-    ap.add_argument("--window", type=int, default=64)
-    ap.add_argument("--kernel", type=int, default=5)
     ap.add_argument("--beta", default="20", help="pyramidkv's beta; a comma list runs each (a sweep)")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--kvpress-python", default=str(ROOT / ".venv-kvpress/bin/python"))
     ap.add_argument("--kvpress-json", help="a finished reference run to reuse")
     ap.add_argument("--no-reference", action="store_true", help="kvagent's side only (its KL ratios)")
@@ -126,14 +116,7 @@ def main() -> None:
         raise SystemExit("--beta: a sweep runs kvagent's side only; add --no-reference")
     torch.set_num_threads(args.threads)
     engine = Engine.load("smollm2", dtype="float32", device="cpu")
-    need = args.context + args.forced
-    episodes = []
-    for e in load_episodes([args.episodes]):
-        ids = build_stream(e, engine.tokenizer).ids
-        if len(ids) >= need:
-            episodes.append({"name": e.name, "ids": ids[:need]})
-        if len(episodes) == args.n:
-            break
+    episodes = protocol_episodes(args, engine.tokenizer)
     spec = {"context": args.context, "window": args.window, "kernel": args.kernel, "beta": betas[0],
             "keep_ratios": keeps, "episodes": episodes}  # fmt: skip
     atomic_write_json(out / "ids.json", spec)

@@ -1,0 +1,39 @@
+"""The protocol pyramid_reference.py and pyramid_mass.py share (issue #32): SmolLM2 float32, the
+first episodes with at least context + forced tokens, the first `--context` compressed once, the
+next `--forced` teacher forced; window 64, kernel 5."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvagent.bench.sources import load_episodes
+from kvagent.bench.stream import build_stream
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def add_protocol_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--episodes", default=str(ROOT.parent / "shared/data/trajectories_dev.jsonl") + ":plant=0"
+    )
+    ap.add_argument("--n", type=int, default=3, help="episodes (the first long enough)")
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--forced", type=int, default=256)
+    ap.add_argument("--window", type=int, default=64)
+    ap.add_argument("--kernel", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+
+
+def protocol_episodes(args, tokenizer) -> list[dict]:
+    """The first `args.n` episodes long enough, each {"name", "ids"} cut to context + forced."""
+    need = args.context + args.forced
+    episodes = []
+    for e in load_episodes([args.episodes]):
+        ids = build_stream(e, tokenizer).ids
+        if len(ids) >= need:
+            episodes.append({"name": e.name, "ids": ids[:need]})
+        if len(episodes) == args.n:
+            break
+    return episodes
