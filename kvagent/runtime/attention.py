@@ -70,7 +70,8 @@ def chunk_mask(q_len: int, kv_len: int, device: torch.device):
     return causal_lower_right(q_len, kv_len)
 
 
-def _sdpa_call(query, key, value, decode: bool, **kw) -> torch.Tensor:
+def sdpa_call(query, key, value, decode: bool, **kw) -> torch.Tensor:
+    """Every SDPA call of the runtime goes through here, so decode calls get `decode_backends`."""
     backends = decode_backends(query.device.type) if decode else None
     if backends is None:
         return F.scaled_dot_product_attention(query, key, value, **kw)
@@ -119,7 +120,7 @@ def sdpa(query, key, value, scaling, valid=None):
         causal = True
     elif q_len > 1:
         mask = chunk_mask(q_len, kv_len, query.device)
-    out = _sdpa_call(
+    out = sdpa_call(
         query, key, value, q_len == 1, attn_mask=mask, is_causal=causal, scale=scaling, enable_gqa=gqa
     )
     return out.transpose(1, 2)
@@ -132,7 +133,7 @@ def _decode_folded(query, key, value, scaling, valid):
     h_kv = key.shape[1]
     mask = None if valid is None else valid.unsqueeze(2)  # (B, H_kv, 1, kv_len)
     q = query.reshape(b, h_kv, h_q // h_kv, d)
-    out = _sdpa_call(q, key, value, True, attn_mask=mask, scale=scaling)
+    out = sdpa_call(q, key, value, True, attn_mask=mask, scale=scaling)
     return out.reshape(b, h_q, 1, d).transpose(1, 2)
 
 
@@ -201,7 +202,7 @@ def attend_rows(query, keys, values, lengths: list[int], scaling: float, backend
         q, gqa = query.reshape(b, h_kv, h_q // h_kv, query.shape[-1]), False
     else:
         q, gqa = query.unsqueeze(2), True
-    out = _sdpa_call(
+    out = sdpa_call(
         q, keys[:, :, :n_max], values[:, :, :n_max], True, attn_mask=mask, scale=scaling, enable_gqa=gqa
     )
     return out.reshape(1, b, h_q, out.shape[-1])

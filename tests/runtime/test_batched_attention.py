@@ -72,9 +72,9 @@ def test_a_chunk_on_a_cache_gets_the_lower_right_causal_bias_not_a_bool_mask(mon
     from kvagent.runtime import attention
 
     seen = []
-    real = attention._sdpa_call
+    real = attention.sdpa_call
     monkeypatch.setattr(
-        attention, "_sdpa_call", lambda *a, **kw: seen.append(kw["attn_mask"]) or real(*a, **kw)
+        attention, "sdpa_call", lambda *a, **kw: seen.append(kw["attn_mask"]) or real(*a, **kw)
     )
     got = sdpa(q, k, v, 0.3)
     assert len(seen) == 1 and isinstance(seen[0], CausalBias)
@@ -104,9 +104,9 @@ def test_decode_folds_query_groups_in_bf16_where_the_cpu_has_no_bf16_units(monke
         valid = torch.ones(1, 2, 11, dtype=torch.bool)
         valid[0, 1, :3] = False
     calls = []
-    real = attention._sdpa_call
+    real = attention.sdpa_call
     monkeypatch.setattr(
-        attention, "_sdpa_call", lambda *a, **kw: calls.append((a[0].shape, kw)) or real(*a, **kw)
+        attention, "sdpa_call", lambda *a, **kw: calls.append((a[0].shape, kw)) or real(*a, **kw)
     )
     monkeypatch.setattr(attention, "CPU_BF16_UNITS", True)
     with_gqa = sdpa(q, k, v, 0.3, valid)
