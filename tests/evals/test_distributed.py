@@ -255,7 +255,9 @@ def test_a_killed_actor_restarted_by_ray_reloads_its_engine_and_redoes_the_run(
 @pytest.mark.slow
 def test_missing_images_on_a_node_fail_before_the_first_run(tmp_path, fixture_set, cluster):
     from kvagent.cli.eval_ray import EngineSetup, NodeCheck
+    from tests.helpers import require_docker
 
+    require_docker()  # the node check asks Docker which images it holds
     instances, repos = fixture_set
     by_id = {i.instance_id: i for i in instances}
     specs = plan_runs(list(by_id), ["random"], ["persistent"], [2048], [0])
