@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kvagent.bench.sources import load_episodes
 from kvagent.bench.stream import build_stream
+from kvagent.options import split_list
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,3 +38,16 @@ def protocol_episodes(args, tokenizer) -> list[dict]:
         if len(episodes) == args.n:
             break
     return episodes
+
+
+def positive_floats(text: str, option: str) -> list[float]:
+    """`--beta 20,5` -> [20.0, 5.0], or one line naming the bad value and exit 2."""
+    try:
+        values = [float(x) for x in split_list(text, option)]
+    except ValueError:
+        values = []
+    if not values or any(v <= 0 for v in values):
+        raise SystemExit(
+            f"{option}: expected positive numbers separated by commas (e.g. 20,5,2), got {text!r}"
+        )
+    return values

@@ -17,11 +17,10 @@ import argparse
 from pathlib import Path
 
 import torch
-from _pyramid_protocol import add_protocol_args, protocol_episodes
+from _pyramid_protocol import add_protocol_args, positive_floats, protocol_episodes
 from transformers import AutoModelForCausalLM
 
 from kvagent.fileio import atomic_write_json
-from kvagent.options import split_list
 from kvagent.runtime import CacheConfig, Engine
 from kvagent.runtime.models import smollm2_dir
 
@@ -58,6 +57,7 @@ def main() -> None:
     ap.add_argument("--keep", type=float, default=0.2)
     ap.add_argument("--beta", default="20,5,2", help="pyramidkv's beta values, a comma list")
     args = ap.parse_args()
+    betas = positive_floats(args.beta, "--beta")  # before the models load: a typo costs nothing
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -70,10 +70,10 @@ def main() -> None:
     common = dict(budget=k, mode="reprefill", scope="prefill", protect="none", window=args.window,
                   framework="topk-all")  # fmt: skip
     schedules = {"snapkv": CacheConfig(policy="snapkv", policy_args={"kernel": args.kernel}, **common)}
-    for b in split_list(args.beta, "beta"):
-        schedules[f"pyramidkv b={float(b):g}"] = CacheConfig(
+    for b in betas:
+        schedules[f"pyramidkv b={b:g}"] = CacheConfig(
             policy="pyramidkv",
-            policy_args={"kernel": args.kernel, "beta": float(b), "window": args.window},
+            policy_args={"kernel": args.kernel, "beta": b, "window": args.window},
             **common,
         )
     rows = []

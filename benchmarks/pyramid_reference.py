@@ -22,10 +22,9 @@ import sys
 from pathlib import Path
 
 import torch
-from _pyramid_protocol import add_protocol_args, protocol_episodes
+from _pyramid_protocol import add_protocol_args, positive_floats, protocol_episodes
 
 from kvagent.fileio import atomic_write_json
-from kvagent.options import split_list
 from kvagent.runtime import CacheConfig, Engine
 from kvagent.runtime.models import smollm2_dir
 
@@ -110,8 +109,8 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    keeps = [float(x) for x in split_list(args.keep, "keep")]
-    betas = [float(x) for x in split_list(args.beta, "beta")]
+    keeps = positive_floats(args.keep, "--keep")
+    betas = positive_floats(args.beta, "--beta")
     if len(betas) > 1 and not args.no_reference:
         raise SystemExit("--beta: a sweep runs kvagent's side only; add --no-reference")
     torch.set_num_threads(args.threads)
