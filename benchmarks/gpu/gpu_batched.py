@@ -25,6 +25,8 @@ def run_n(model, tokenizer, device, dtype, n: int, plan: dict, timeout: float) -
     """N threads: each prefills K tokens into its own session, then all decode `steps` tokens at
     once; tokens/s = N * steps / wall of the decode phase (device synchronised at both ends)."""
     engine = Engine.load(model, tokenizer=tokenizer, device=device, dtype=dtype, max_batch=n)
+    if device.type == "cuda":  # this N's own peak, not an earlier part's
+        torch.cuda.reset_peak_memory_stats(device)
     k, r, steps = plan["budget"], plan["buffer"], plan["steps"]
     vocab = int(model.config.vocab_size)
     prefilled, go, done = (threading.Barrier(n + 1, timeout=timeout) for _ in range(3))
@@ -95,6 +97,15 @@ def plan_ns(ns: list[int], n_max: int | None) -> list[tuple[int, int]]:
     return out
 
 
+def measured_fit(fit: dict, per_session: float | None) -> int | None:
+    """The largest N whose batched peak, at `per_session` bytes a session beside the weights,
+    stays inside 95% of the device; None before any row has measured it."""
+    total, weights = fit.get("device_total_bytes"), fit.get("weights_bytes")
+    if not per_session or not total or not weights:
+        return None
+    return int((0.95 * total - weights) // per_session)
+
+
 def run(model, tokenizer, device, dtype, plan: dict, clock, skipped: list, hints: dict, fit: dict) -> dict:
     ok, why = landed()
     if not ok:
@@ -108,7 +119,22 @@ def run(model, tokenizer, device, dtype, plan: dict, clock, skipped: list, hints
         if n_max is not None and asked > n_max:
             over = f"memory: over the computed largest N, {n_max}, which runs instead" if n_max else "memory"
             skipped.append({"part": "batched", "what": f"N={asked}", "reason": over})
+    per_session = None  # bytes one batched session added at the last row's peak (measured)
     for n, asked in plan_ns(plan["ns"], n_max):
+        fits = measured_fit(fit, per_session)
+        if fits is not None and n > fits:
+            # The solo computation (fit) missed what batching adds per session; trust the last row.
+            skipped.append(
+                {
+                    "part": "batched",
+                    "what": f"N={n}",
+                    "reason": f"memory: {per_session / 2**30:.2f} GiB a session at the last N's peak "
+                    f"fits {fits}, which runs instead",
+                }
+            )
+            if fits <= max((r["n"] for r in rows), default=0):
+                continue
+            n = fits
         # Heuristic prediction: prefill at the single-session rate, decode at most sqrt(N) times
         # slower per step than one session (the point of batching is that it is far less).
         need = (n * plan["budget"] / rate if rate else 0.0) + plan["steps"] * (step or 0.0) * n**0.5
@@ -121,6 +147,8 @@ def run(model, tokenizer, device, dtype, plan: dict, clock, skipped: list, hints
                 model, tokenizer, device, dtype, n, plan, timeout=max(30.0, clock.remaining("batched"))
             )
             rows.append(row | {"asked_n": asked})
+            if row["peak_bytes"] and fit.get("weights_bytes"):
+                per_session = (row["peak_bytes"] - fit["weights_bytes"]) / n
         except (RuntimeError, torch.OutOfMemoryError) as e:
             skipped.append(
                 {"part": "batched", "what": f"N={n}", "reason": f"failed: {str(e).splitlines()[0][:300]}"}

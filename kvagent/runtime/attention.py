@@ -55,8 +55,15 @@ def _cpu_has_bf16_units() -> bool:
 CPU_BF16_UNITS = _cpu_has_bf16_units()
 
 
-def fold_decode_groups(query: torch.Tensor) -> bool:
-    """Whether a decode call puts each KV head's query group in its query rows (no GQA expansion)."""
+def fold_decode_groups(query: torch.Tensor, masked: bool = False) -> bool:
+    """Whether a decode call puts each KV head's query group in its query rows (no GQA expansion).
+
+    On CUDA only a masked call folds: flash takes GQA but no mask, memory-efficient attention a mask
+    but no GQA, and cuDNN is kept off decode (`decode_backends`), so a masked GQA call would fall to
+    the math kernel, which copies K and V out to every query head. On the H200 that made the
+    batched step 2-4x the solo one at N=8 and ran out of memory at N=32 (docs/benchmarks.md)."""
+    if query.device.type == "cuda":
+        return masked
     if query.dtype == torch.float32:
         return False
     return query.device.type == "cpu" and not CPU_BF16_UNITS
@@ -106,7 +113,7 @@ def sdpa(query, key, value, scaling, valid=None):
     causal). `valid` (B, H_kv, kv_len) bool hides a ragged layer's PAD entries (cache.py), per head."""
     q_len, kv_len = query.shape[2], key.shape[2]
     gqa = query.shape[1] != key.shape[1]
-    if q_len == 1 and gqa and fold_decode_groups(query):
+    if q_len == 1 and gqa and fold_decode_groups(query, masked=valid is not None):
         return _decode_folded(query, key, value, scaling, valid)
     mask = None
     causal = False
@@ -189,16 +196,17 @@ def attend_rows(query, keys, values, lengths: list[int], scaling: float, backend
             causal=False,
         )  # (b, 1, H_q, D)
         return out.transpose(0, 1)
-    # One token per row; a per-row key-length mask hides each row's padding. In float32, and in
-    # bfloat16 on a CPU without bf16 units, the query heads sharing a KV head as that head's query
-    # rows (no GQA expansion) is the faster call; elsewhere one query row per head with enable_gqa
-    # (1.5x faster in bfloat16 on commit 814f4e6's CPU).
+    # One token per row; a per-row key-length mask hides each row's padding. In float32, in
+    # bfloat16 on a CPU without bf16 units, and on CUDA under a mask (`fold_decode_groups`), the
+    # query heads sharing a KV head as that head's query rows (no GQA expansion) is the faster
+    # call; elsewhere one query row per head with enable_gqa (1.5x faster in bfloat16 on commit
+    # 814f4e6's CPU).
     n_max = max(lengths)
     mask = None
     if min(lengths) != n_max:
         n = torch.tensor(lengths, device=query.device)
         mask = (torch.arange(n_max, device=query.device) < n[:, None]).view(b, 1, 1, n_max)
-    if query.dtype == torch.float32 or h_q == h_kv or fold_decode_groups(query):
+    if query.dtype == torch.float32 or h_q == h_kv or fold_decode_groups(query, masked=mask is not None):
         q, gqa = query.reshape(b, h_kv, h_q // h_kv, query.shape[-1]), False
     else:
         q, gqa = query.unsqueeze(2), True

@@ -295,6 +295,18 @@ def test_batched_ns_over_memory_run_at_the_largest_that_fits(ns, n_max, planned)
     assert gpu_batched.plan_ns(ns, n_max) == planned
 
 
+def test_batched_n_is_bounded_by_the_last_rows_measured_peak():
+    # The H200 (2026-12-04): the solo computation said 33 sessions fit, N=8 peaked at 91.25 GB
+    # beside 65.52 GB of weights (3.2 GB a session, not the cache's 2.25), and N=32 ran out of memory.
+    import gpu_batched
+
+    fit = {"device_total_bytes": 150_109_880_320, "weights_bytes": 65_520_000_000}
+    assert gpu_batched.measured_fit(fit, None) is None
+    per_session = (91_251_140_096 - fit["weights_bytes"]) / 8
+    assert gpu_batched.measured_fit(fit, per_session) == 23
+    assert gpu_batched.measured_fit({}, per_session) is None
+
+
 def test_profile_script_quick_run_ranks_ops_per_policy(tmp_path):
     # benchmarks/gpu/profile_policy.py found the cuDNN graph builds on the H200; its CPU smoke run
     # keeps it from rotting between leases.

@@ -120,3 +120,39 @@ def test_decode_folds_query_groups_in_bf16_where_the_cpu_has_no_bf16_units(monke
     torch.testing.assert_close(got.float(), with_gqa.float(), atol=1e-6, rtol=0)
     if ragged:  # the masked entries really are hidden: unmasked, head group 1 reads them
         assert not torch.allclose(got.float(), sdpa(q, k, v, 0.3).float(), atol=1e-3)
+
+
+def test_on_cuda_only_a_masked_decode_call_folds_its_query_groups():
+    # CUDA has no fused kernel for a masked GQA call once cuDNN is left out (flash: no mask;
+    # memory-efficient: no GQA), and the math kernel copies K/V out to every query head: the
+    # H200's batched step ran out of memory at N=32. A stand-in tensor carries the device type.
+    from types import SimpleNamespace
+
+    from kvagent.runtime.attention import fold_decode_groups
+
+    for dtype in (torch.float32, torch.bfloat16):
+        on_cuda = SimpleNamespace(device=torch.device("cuda"), dtype=dtype)
+        assert fold_decode_groups(on_cuda, masked=True) is True
+        assert fold_decode_groups(on_cuda, masked=False) is False
+    assert fold_decode_groups(torch.zeros(1, dtype=torch.float32), masked=True) is False
+
+
+@pytest.mark.parametrize("lengths", [[9, 13, 11], [12, 12, 12]])
+def test_decode_callers_tell_the_fold_rule_whether_their_call_is_masked(monkeypatch, lengths):
+    from kvagent.runtime import attention
+
+    seen = []
+    real = attention.fold_decode_groups
+    monkeypatch.setattr(
+        attention, "fold_decode_groups", lambda q, masked=False: seen.append(masked) or real(q, masked)
+    )
+    g = torch.Generator().manual_seed(4)
+    b = len(lengths)
+    keys, values = (torch.randn(b, 2, 16, 8, generator=g).to(torch.bfloat16) for _ in range(2))
+    attend_rows(torch.randn(b, 6, 8, generator=g).to(torch.bfloat16), keys, values, lengths, 0.3, "sdpa")
+    assert seen == [min(lengths) != max(lengths)]
+    one = torch.randn(1, 6, 1, 8, generator=g).to(torch.bfloat16)
+    valid = torch.ones(1, 2, 16, dtype=torch.bool)
+    sdpa(one, keys[:1], values[:1], 0.3)
+    sdpa(one, keys[:1], values[:1], 0.3, valid)
+    assert seen[1:] == [False, True]
