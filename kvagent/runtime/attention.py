@@ -55,16 +55,17 @@ def _cpu_has_bf16_units() -> bool:
 CPU_BF16_UNITS = _cpu_has_bf16_units()
 
 
-def fold_decode_groups(query: torch.Tensor, masked: bool = False) -> bool:
-    """Whether a decode call puts each KV head's query group in its query rows (no GQA expansion).
+def fold_query_groups(query: torch.Tensor, masked: bool = False, decode: bool = True) -> bool:
+    """Whether a call puts each KV head's query group in its query rows (no GQA expansion).
 
-    On CUDA only a masked call folds: flash takes GQA but no mask, memory-efficient attention a mask
-    but no GQA, and cuDNN is kept off decode (`decode_backends`), so a masked GQA call would fall to
-    the math kernel, which copies K and V out to every query head. On the H200 that made the
-    batched step 2-4x the solo one at N=8 and ran out of memory at N=32 (docs/benchmarks.md)."""
+    On CUDA a masked call folds, decode or chunk: flash takes GQA but no mask, memory-efficient
+    attention a mask but no GQA, and cuDNN is kept off decode (`decode_backends`), so a masked GQA
+    call would fall to the math kernel, which copies K and V out to every query head. On the H200
+    that made the batched step 2-4x the solo one at N=8 and ran out of memory at N=32
+    (docs/benchmarks.md). On a CPU only a decode call in a reduced dtype without bf16 units folds."""
     if query.device.type == "cuda":
         return masked
-    if query.dtype == torch.float32:
+    if query.dtype == torch.float32 or not decode:
         return False
     return query.device.type == "cpu" and not CPU_BF16_UNITS
 
@@ -113,8 +114,8 @@ def sdpa(query, key, value, scaling, valid=None):
     causal). `valid` (B, H_kv, kv_len) bool hides a ragged layer's PAD entries (cache.py), per head."""
     q_len, kv_len = query.shape[2], key.shape[2]
     gqa = query.shape[1] != key.shape[1]
-    if q_len == 1 and gqa and fold_decode_groups(query, masked=valid is not None):
-        return _decode_folded(query, key, value, scaling, valid)
+    if gqa and fold_query_groups(query, masked=valid is not None, decode=q_len == 1):
+        return _folded(query, key, value, scaling, valid)
     mask = None
     causal = False
     if valid is not None:
@@ -133,15 +134,21 @@ def sdpa(query, key, value, scaling, valid=None):
     return out.transpose(1, 2)
 
 
-def _decode_folded(query, key, value, scaling, valid):
-    """`sdpa` for one query token: (1, H_q, 1, D) as (1, H_kv, group, D), PAD entries masked per KV
-    head. Query head h*group + j reads KV head h, as GQA's expansion maps them."""
-    b, h_q, _, d = query.shape
-    h_kv = key.shape[1]
+def _folded(query, key, value, scaling, valid):
+    """`sdpa` with (B, H_q, q, D) as (B, H_kv, group * q, D): query head h*group + j reads KV head
+    h, as GQA's expansion maps them; PAD entries are masked per KV head, and a chunk's bottom-right
+    causal mask is repeated for each of the group's query heads."""
+    b, h_q, q_len, d = query.shape
+    h_kv, kv_len = key.shape[1], key.shape[2]
+    group = h_q // h_kv
     mask = None if valid is None else valid.unsqueeze(2)  # (B, H_kv, 1, kv_len)
-    q = query.reshape(b, h_kv, h_q // h_kv, d)
-    out = sdpa_call(q, key, value, True, attn_mask=mask, scale=scaling)
-    return out.reshape(b, h_q, 1, d).transpose(1, 2)
+    if q_len > 1:
+        causal = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+        causal = causal.repeat(group, 1)  # row j*q + i is query i of the group's head j
+        mask = causal if mask is None else mask & causal
+    q = query.reshape(b, h_kv, group * q_len, d)
+    out = sdpa_call(q, key, value, q_len == 1, attn_mask=mask, scale=scaling)
+    return out.reshape(b, h_q, q_len, d).transpose(1, 2)
 
 
 def flash(query, key, value, scaling):
@@ -197,7 +204,7 @@ def attend_rows(query, keys, values, lengths: list[int], scaling: float, backend
         )  # (b, 1, H_q, D)
         return out.transpose(0, 1)
     # One token per row; a per-row key-length mask hides each row's padding. In float32, in
-    # bfloat16 on a CPU without bf16 units, and on CUDA under a mask (`fold_decode_groups`), the
+    # bfloat16 on a CPU without bf16 units, and on CUDA under a mask (`fold_query_groups`), the
     # query heads sharing a KV head as that head's query rows (no GQA expansion) is the faster
     # call; elsewhere one query row per head with enable_gqa (1.5x faster in bfloat16 on commit
     # 814f4e6's CPU).
@@ -206,7 +213,7 @@ def attend_rows(query, keys, values, lengths: list[int], scaling: float, backend
     if min(lengths) != n_max:
         n = torch.tensor(lengths, device=query.device)
         mask = (torch.arange(n_max, device=query.device) < n[:, None]).view(b, 1, 1, n_max)
-    if query.dtype == torch.float32 or h_q == h_kv or fold_decode_groups(query, masked=mask is not None):
+    if query.dtype == torch.float32 or h_q == h_kv or fold_query_groups(query, masked=mask is not None):
         q, gqa = query.reshape(b, h_kv, h_q // h_kv, query.shape[-1]), False
     else:
         q, gqa = query.unsqueeze(2), True

@@ -122,19 +122,46 @@ def test_decode_folds_query_groups_in_bf16_where_the_cpu_has_no_bf16_units(monke
         assert not torch.allclose(got.float(), sdpa(q, k, v, 0.3).float(), atol=1e-3)
 
 
-def test_on_cuda_only_a_masked_decode_call_folds_its_query_groups():
+def test_on_cuda_only_a_masked_call_folds_its_query_groups():
     # CUDA has no fused kernel for a masked GQA call once cuDNN is left out (flash: no mask;
     # memory-efficient: no GQA), and the math kernel copies K/V out to every query head: the
     # H200's batched step ran out of memory at N=32. A stand-in tensor carries the device type.
     from types import SimpleNamespace
 
-    from kvagent.runtime.attention import fold_decode_groups
+    from kvagent.runtime.attention import fold_query_groups
 
     for dtype in (torch.float32, torch.bfloat16):
         on_cuda = SimpleNamespace(device=torch.device("cuda"), dtype=dtype)
-        assert fold_decode_groups(on_cuda, masked=True) is True
-        assert fold_decode_groups(on_cuda, masked=False) is False
-    assert fold_decode_groups(torch.zeros(1, dtype=torch.float32), masked=True) is False
+        for decode in (True, False):
+            assert fold_query_groups(on_cuda, masked=True, decode=decode) is True
+            assert fold_query_groups(on_cuda, masked=False, decode=decode) is False
+    assert fold_query_groups(torch.zeros(1, dtype=torch.float32), masked=True) is False
+    # A CPU chunk keeps GQA whatever the dtype: the fold was measured for one decode query only.
+    assert fold_query_groups(torch.zeros(1, dtype=torch.bfloat16), masked=True, decode=False) is False
+
+
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_a_folded_call_equals_the_gqa_call_with_pads_and_causal_mask(monkeypatch, q_len):
+    # A ragged layer (PAD entries after Session.forget) under a chunk: folded, each KV head's
+    # group of query heads must see that head's PADs hidden and its own causal rows.
+    from kvagent.runtime import attention
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 6, q_len, 16, generator=g)
+    k, v = (torch.randn(1, 2, 11, 16, generator=g) for _ in range(2))
+    valid = torch.ones(1, 2, 11, dtype=torch.bool)
+    valid[0, 1, :3] = False
+    gqa = sdpa(q, k, v, 0.3, valid)
+    calls = []
+    real = attention.sdpa_call
+    monkeypatch.setattr(
+        attention, "sdpa_call", lambda *a, **kw: calls.append((a[0].shape, kw)) or real(*a, **kw)
+    )
+    monkeypatch.setattr(attention, "fold_query_groups", lambda q, masked=False, decode=True: masked)
+    folded = sdpa(q, k, v, 0.3, valid)
+    assert calls[-1][0] == (1, 2, 3 * q_len, 16) and not calls[-1][1].get("enable_gqa", False)
+    torch.testing.assert_close(folded, gqa, atol=1e-6, rtol=0)
+    assert not torch.allclose(folded, sdpa(q, k, v, 0.3), atol=1e-3)  # the PADs really are hidden
 
 
 @pytest.mark.parametrize("lengths", [[9, 13, 11], [12, 12, 12]])
@@ -142,9 +169,11 @@ def test_decode_callers_tell_the_fold_rule_whether_their_call_is_masked(monkeypa
     from kvagent.runtime import attention
 
     seen = []
-    real = attention.fold_decode_groups
+    real = attention.fold_query_groups
     monkeypatch.setattr(
-        attention, "fold_decode_groups", lambda q, masked=False: seen.append(masked) or real(q, masked)
+        attention,
+        "fold_query_groups",
+        lambda q, masked=False, decode=True: seen.append(masked) or real(q, masked, decode),
     )
     g = torch.Generator().manual_seed(4)
     b = len(lengths)
