@@ -14,10 +14,11 @@ from pathlib import Path
 from kvagent.bench import replay as rp
 from kvagent.bench.progress import NoProgress
 from kvagent.bench.reference_cache import cached_reference
+from kvagent.bench.shared_results import SharedResults
 from kvagent.bench.stream import Stream
 from kvagent.bench.tables import fidelity_markdown
 from kvagent.errors import ConfigError
-from kvagent.fileio import atomic_write_json, atomic_write_text
+from kvagent.fileio import atomic_write_text
 from kvagent.runspec import DEFAULTS, RunSpec, sweep
 from kvagent.runtime.budget import prompt_fit_problem
 
@@ -87,6 +88,12 @@ def schedule_of(spec: RunSpec) -> str:
     return make_policy(spec.policy, **spec.policy_args).schedule
 
 
+def run_key(stream: Stream, spec: RunSpec, model_name: str) -> tuple:
+    """`record_key` of the record that running `spec` on `stream` will write."""
+    here = {"episode": stream.name, "digest": stream.digest(), "model": model_name}
+    return record_key({**spec.record(), **here, "schedule": schedule_of(spec)})
+
+
 def load_records(out_dir: Path) -> list[dict]:
     path = out_dir / RESULTS
     if not path.exists():
@@ -151,9 +158,7 @@ def pending_runs(engine, streams: Sequence[Stream], grid: Grid, records: list[di
             if why:
                 skipped.append(f"{stream.name} {s.label}: {why}")
                 continue
-            here = {"episode": stream.name, "digest": stream.digest(), "model": model_name}
-            key = record_key({**s.record(), **here, "schedule": schedule_of(s)})
-            if key not in done:
+            if run_key(stream, s, model_name) not in done:
                 todo.append((gi, si, stream, s))
     # Setting by setting, each over every episode: a run cut short leaves whole comparisons.
     todo.sort(key=lambda t: (t[0], t[1]))
@@ -177,7 +182,8 @@ def run_fidelity(
     a `kvagent.bench.progress` target (default: nothing shown). `annotate(stream, result)`: extra
     fields for each record. `concurrency > 1`: that many policy runs at once, one thread each (on an
     engine loaded with `max_batch` > 1 their forwards are batched together). `refs`: full-cache
-    runs by stream digest, used and filled (a caller that already ran one passes it on)."""
+    runs by stream digest, used and filled (a caller that already ran one passes it on). Several
+    processes may run on one `out_dir` (shared_results.py): each takes the next run no one holds."""
     progress = progress or NoProgress()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,6 +200,7 @@ def run_fidelity(
     # References first (one per episode, kept in memory and under out_dir/references: top-k rows of
     # scored tokens only), then the policy runs, which only read them and so can run side by side.
     refs = {} if refs is None else refs
+    shared = SharedResults(out / RESULTS, record_key)
     for stream in [st for st in dict.fromkeys(st for st, _ in todo) if st.digest() not in refs]:
         bar = progress.task(f"{stream.name} reference", per_run[stream.name])
         refs[stream.digest()] = cached_reference(engine, stream, out, model_name, progress=bar.advance)
@@ -201,7 +208,23 @@ def run_fidelity(
 
     def run_one(item: tuple[Stream, RunSpec]) -> None:
         stream, s = item
-        bar = progress.task(f"{stream.name} {s.label}", per_run[stream.name])
+        key = run_key(stream, s, model_name)
+        if not shared.claim(key):  # done or in progress in another process on this out dir
+            with lock:
+                total.advance(1)
+            return
+        try:
+            bar = progress.task(f"{stream.name} {s.label}", per_run[stream.name])
+            rec = _run(stream, s, bar)
+        except BaseException:  # also Ctrl-C and SIGTERM: the run is free for the next start
+            shared.release(key)
+            raise
+        with lock:
+            records[:] = shared.save(rec, skipped)
+            bar.done()
+            total.advance(1)
+
+    def _run(stream: Stream, s: RunSpec, bar) -> dict:
         ref = refs[stream.digest()]
         if s.policy == "full":
             res = ref
@@ -216,11 +239,7 @@ def run_fidelity(
         rec = summarise(s, stream, model_name, res, ref_lp)
         if annotate:
             rec.update(annotate(stream, res))
-        with lock:
-            records.append(rec)
-            atomic_write_json(out / RESULTS, {"records": records, "skipped": skipped})
-            bar.done()
-            total.advance(1)
+        return rec
 
     if concurrency > 1 and len(todo) > 1:
         pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fidelity")
@@ -234,7 +253,7 @@ def run_fidelity(
     else:
         for item in todo:
             run_one(item)
-    atomic_write_json(out / RESULTS, {"records": records, "skipped": skipped})
+    records = shared.save(None, skipped)
     wanted = {(st.name, st.digest()) for st in streams}
     current = [r for r in records if (r["episode"], r["digest"]) in wanted and r["model"] == model_name]
     atomic_write_text(out / "fidelity.md", fidelity_markdown(current, skipped))

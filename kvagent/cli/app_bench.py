@@ -46,7 +46,10 @@ def bench_fidelity(
         ),
     ] = ["gen:seed=0,turns=16"],  # noqa: B006
     out: Annotated[
-        str, typer.Option(help="Directory for fidelity.json / .md / .png (resumable).")
+        str,
+        typer.Option(
+            help="Directory for fidelity.json / .md / .png (resumable; several processes may share it)."
+        ),
     ] = "bench-out",
     buffer: Buffer = 128,
     window: Window = 16,
@@ -106,7 +109,8 @@ def bench_study(
         str | None,
         typer.Option(
             help="Directory for fidelity.json (resumable), study.md / episodes.md / .json, PNGs. "
-            "Default: study-CLAIM."
+            "Default: study-CLAIM. Several processes may share it (on a CPU, one per core): each runs "
+            "the next run no other holds."
         ),
     ] = None,  # fmt: skip
     concurrency: Annotated[

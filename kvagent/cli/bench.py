@@ -170,7 +170,8 @@ def run_study_bench(
             print(
                 f"study: {len(picked)} episodes, {est.runs} runs ({est.done} done, {est.skipped} settings skipped), "
                 f"~{est.tokens:,} tokens to replay at {est.seconds_per_token * 1000:.1f} ms/token: estimated "
-                f"{est.seconds / 3600:.1f} h ({est.seconds / 60:.0f} min) one run at a time",
+                f"{est.seconds / 3600:.1f} h ({est.seconds / 60:.0f} min) one run at a time (the same command "
+                f"started again on this --out runs beside it)",
                 flush=True,
             )
             if estimate_only:
