@@ -4,7 +4,6 @@ protect), compared token by token with the full-cache run; resumable results in 
 from __future__ import annotations
 
 import itertools
-import json
 import statistics
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -14,7 +13,7 @@ from pathlib import Path
 from kvagent.bench import replay as rp
 from kvagent.bench.progress import NoProgress
 from kvagent.bench.reference_cache import cached_reference
-from kvagent.bench.shared_results import SharedResults
+from kvagent.bench.shared_results import SharedResults, read_records
 from kvagent.bench.stream import Stream
 from kvagent.bench.tables import fidelity_markdown
 from kvagent.errors import ConfigError
@@ -95,14 +94,7 @@ def run_key(stream: Stream, spec: RunSpec, model_name: str) -> tuple:
 
 
 def load_records(out_dir: Path) -> list[dict]:
-    path = out_dir / RESULTS
-    if not path.exists():
-        return []
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON ({e.msg}); move it away to start afresh") from None
-    return list(data.get("records", []))
+    return read_records(Path(out_dir) / RESULTS)
 
 
 def summarise(spec: RunSpec, stream: Stream, model: str, res: rp.ReplayResult, ref_lp: float) -> dict:

@@ -33,6 +33,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def read_records(path: Path) -> list[dict]:
+    """The records of a results file as it is now ([] if there is none)."""
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON ({e.msg}); move it away to start afresh") from None
+    return list(data.get("records", []))
+
+
 class SharedResults:
     """`results` (a JSON file of {"records": [...], "skipped": [...]}) and its run claims; `key` turns
     a record into what makes two records the same run."""
@@ -57,15 +68,7 @@ class SharedResults:
         return self.claims / (hashlib.sha1(repr(key).encode()).hexdigest()[:20] + ".json")
 
     def read(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ConfigError(
-                f"{self.path} is not valid JSON ({e.msg}); move it away to start afresh"
-            ) from None
-        return list(data.get("records", []))
+        return read_records(self.path)
 
     def claim(self, key) -> bool:
         """Take the run `key` unless it is done or another live process (or another SharedResults

@@ -100,3 +100,13 @@ def test_two_workers_on_one_out_dir_run_each_setting_once(tiny_engine, stream, t
     assert not list((tmp_path / "running").glob("*"))
     # The worker that finished last saw every record, the other's included.
     assert max(len(r) for r in results) == 5
+
+
+def test_a_torn_results_file_is_refused_with_its_fix(tmp_path):
+    from kvagent.errors import ConfigError
+
+    (tmp_path / "fidelity.json").write_text('{"records": [')
+    with pytest.raises(ConfigError, match=r"fidelity.json is not valid JSON .*move it away"):
+        fidelity.load_records(tmp_path)
+    with pytest.raises(ConfigError, match="move it away"):
+        SharedResults(tmp_path / "fidelity.json", _key).claim(("e", 1))
