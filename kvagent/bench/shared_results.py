@@ -88,19 +88,23 @@ class SharedResults:
 
     def release(self, key) -> None:
         with self._locked():
-            f = self._claim_file(key)
-            with contextlib.suppress(OSError, json.JSONDecodeError):
-                if json.loads(f.read_text(encoding="utf-8")) == self.owner:
-                    f.unlink()
+            self._release(key)
+
+    def _release(self, key) -> None:  # under the lock
+        f = self._claim_file(key)
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            if json.loads(f.read_text(encoding="utf-8")) == self.owner:
+                f.unlink()
 
     def save(self, record: dict | None, skipped: list[str]) -> list[dict]:
         """Merge `record` (None: nothing new) into the file as it is now (other processes' records
         kept), release its claim; returns every record."""
+        key = None if record is None else self.key(record)
         with self._locked():
             records = self.read()
-            if record is not None and all(self.key(r) != self.key(record) for r in records):
+            if key is not None and all(self.key(r) != key for r in records):
                 records.append(record)
             atomic_write_json(self.path, {"records": records, "skipped": skipped})
-        if record is not None:
-            self.release(self.key(record))
+            if key is not None:
+                self._release(key)
         return records
