@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kvagent.bench import replay as rp
 from kvagent.bench.progress import NoProgress
-from kvagent.bench.reference_cache import cached_reference
+from kvagent.bench.reference_cache import fill_references
 from kvagent.bench.shared_results import SharedResults, read_records
 from kvagent.bench.stream import Stream
 from kvagent.bench.tables import fidelity_markdown
@@ -193,10 +193,9 @@ def run_fidelity(
     # scored tokens only), then the policy runs, which only read them and so can run side by side.
     refs = {} if refs is None else refs
     shared = SharedResults(out / RESULTS, record_key)
-    for stream in [st for st in dict.fromkeys(st for st, _ in todo) if st.digest() not in refs]:
-        bar = progress.task(f"{stream.name} reference", per_run[stream.name])
-        refs[stream.digest()] = cached_reference(engine, stream, out, model_name, progress=bar.advance)
-        bar.done()
+    fill_references(
+        engine, (st for st, _ in todo), out, model_name, refs, progress, lambda st: per_run[st.name]
+    )
 
     def run_one(item: tuple[Stream, RunSpec]) -> None:
         stream, s = item

@@ -180,9 +180,9 @@ def estimate(engine, streams: Sequence[Stream], design: Design, out_dir: str | P
     total = sum(len(specs_for(design, st)) for st in streams) - len(skipped)
     if not todo:
         return Estimate(total, total, len(skipped), 0, 0.0)
-    first = next((st for st, _ in todo if st.digest() not in refs), todo[0][0])
-    if first.digest() not in refs:  # from out_dir/references when an earlier start replayed it
-        refs[first.digest()] = cached_reference(engine, first, Path(out_dir), model_name)
+    first = next((st for st, _ in todo if st.digest() in refs), None) or _time_one(
+        engine, [st for st, _ in todo], Path(out_dir), model_name, refs
+    )
     spt = refs[first.digest()].wall_s / replay_tokens(first, RunSpec("full"))
     pending_refs = {
         st.digest(): st
@@ -192,6 +192,18 @@ def estimate(engine, streams: Sequence[Stream], design: Design, out_dir: str | P
     tokens = sum(replay_tokens(st, s) for st, s in todo if s.policy != "full")
     tokens += sum(replay_tokens(st, RunSpec("full")) for st in pending_refs.values())
     return Estimate(total, total - len(todo), len(skipped), tokens, spt)
+
+
+def _time_one(engine, streams: list[Stream], out_dir: Path, model_name: str, refs: dict) -> Stream:
+    """The first stream whose reference is stored or free to replay (another process on this out
+    dir may be replaying the first ones), put in `refs`; if all are held, the first, waited for."""
+    for st in dict.fromkeys(streams):
+        res = cached_reference(engine, st, out_dir, model_name, wait=False)
+        if res is not None:
+            refs[st.digest()] = res
+            return st
+    refs[streams[0].digest()] = cached_reference(engine, streams[0], out_dir, model_name)
+    return streams[0]
 
 
 # ----------------------------------------------------------------------- resuming

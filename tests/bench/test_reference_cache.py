@@ -1,6 +1,10 @@
 """A fidelity run keeps each episode's full-cache reference under out_dir/references, so a restart
 (the study's case: many starts over days) compares against the same reference without replaying it,
-and a torn file or another model's never stands in for it."""
+and a torn file or another model's never stands in for it. Processes sharing one out dir share its
+references: each is replayed once."""
+
+import threading
+import time
 
 import pytest
 
@@ -40,7 +44,7 @@ def test_a_restart_reads_the_reference_it_wrote(tiny_engine, stream, replays, tm
     k = stream.prompt_length // 32 * 32 or 32
     first = fidelity.run_fidelity(tiny_engine, [stream], [_spec(k)], tmp_path, "tiny", plot=False)
     assert replays == ["fixture"]
-    (path,) = (tmp_path / rc.REFERENCES).iterdir()
+    (path,) = (tmp_path / rc.REFERENCES).glob("*.pt")  # beside it: its lock file
     assert path == rc.reference_path(tmp_path, tiny_engine, stream, "tiny")
     # A new setting in the same out dir: compared against the reference on disk, not a new replay.
     both = fidelity.run_fidelity(
@@ -75,3 +79,70 @@ def test_a_torn_file_or_another_model_replays_again(tiny_engine, stream, replays
     assert rc.reference_path(tmp_path, tiny_engine, stream, "other") != path
     rc.cached_reference(tiny_engine, stream, tmp_path, "other")
     assert len(replays) == 3
+
+
+def test_two_workers_replay_each_reference_once(tiny_engine, episode_record, tmp_path, monkeypatch):
+    """Two processes started on one out dir (threads here: flock locks open files, so two opens
+    in one process exclude each other as two processes do): each takes the references the other
+    has not, then waits for the other's, so none is replayed twice."""
+    streams = [
+        build_stream(from_messages(f"ep{t}", episode_record(turns=t)["messages"]), tiny_engine.tokenizer)
+        for t in (3, 4)
+    ]
+    calls, real = [], rp.reference_run
+
+    def slow(engine, stream, **kw):
+        calls.append(stream.name)
+        time.sleep(0.3)  # both workers reach the references while one is being replayed
+        return real(engine, stream, **kw)
+
+    monkeypatch.setattr(rp, "reference_run", slow)
+    start, errors = threading.Barrier(2), []
+
+    def worker():
+        start.wait()
+        try:
+            fidelity.run_fidelity(tiny_engine, streams, [RunSpec("full")], tmp_path, "tiny", plot=False)
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(calls) == ["ep3", "ep4"]
+    assert len(fidelity.load_records(tmp_path)) == 2
+
+
+def test_a_held_reference_is_waited_for_and_replayed_if_its_holder_wrote_none(
+    tiny_engine, stream, replays, tmp_path
+):
+    path = rc.reference_path(tmp_path, tiny_engine, stream, "tiny")
+    got = []
+    with rc._replaying(path, wait=True):  # another process replaying it
+        assert rc.cached_reference(tiny_engine, stream, tmp_path, "tiny", wait=False) is None
+        waiter = threading.Thread(
+            target=lambda: got.append(rc.cached_reference(tiny_engine, stream, tmp_path, "tiny"))
+        )
+        waiter.start()
+        time.sleep(0.3)
+        assert waiter.is_alive() and not replays  # blocked on the holder, not replaying beside it
+    waiter.join()  # the holder let go without a file (it died): the waiter replays it
+    assert replays == ["fixture"] and got[0] is not None and path.exists()
+
+
+def test_the_study_times_a_free_reference_not_one_another_process_holds(
+    tiny_engine, episode_record, replays, tmp_path
+):
+    from kvagent.bench import study
+
+    a, b = (
+        build_stream(from_messages(f"ep{t}", episode_record(turns=t)["messages"]), tiny_engine.tokenizer)
+        for t in (3, 4)
+    )
+    refs = {}
+    with rc._replaying(rc.reference_path(tmp_path, tiny_engine, a, "tiny"), wait=True):
+        assert study._time_one(tiny_engine, [a, b], tmp_path, "tiny", refs) is b  # without waiting
+    assert replays == ["ep4"] and list(refs) == [b.digest()]
