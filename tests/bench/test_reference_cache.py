@@ -81,10 +81,9 @@ def test_a_torn_file_or_another_model_replays_again(tiny_engine, stream, replays
     assert len(replays) == 3
 
 
-def test_two_workers_replay_each_reference_once(tiny_engine, episode_record, tmp_path, monkeypatch):
-    """Two processes started on one out dir (threads here: flock locks open files, so two opens
-    in one process exclude each other as two processes do): each takes the references the other
-    has not, then waits for the other's, so none is replayed twice."""
+def test_two_workers_replay_each_reference_once(tiny_engine, episode_record, tmp_path, monkeypatch, together):
+    """Two processes started on one out dir: each takes the references the other has not, then
+    waits for the other's, so none is replayed twice."""
     streams = [
         build_stream(from_messages(f"ep{t}", episode_record(turns=t)["messages"]), tiny_engine.tokenizer)
         for t in (3, 4)
@@ -97,21 +96,9 @@ def test_two_workers_replay_each_reference_once(tiny_engine, episode_record, tmp
         return real(engine, stream, **kw)
 
     monkeypatch.setattr(rp, "reference_run", slow)
-    start, errors = threading.Barrier(2), []
-
-    def worker():
-        start.wait()
-        try:
-            fidelity.run_fidelity(tiny_engine, streams, [RunSpec("full")], tmp_path, "tiny", plot=False)
-        except BaseException as e:  # surfaced below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    together(
+        lambda: fidelity.run_fidelity(tiny_engine, streams, [RunSpec("full")], tmp_path, "tiny", plot=False)
+    )
     assert sorted(calls) == ["ep3", "ep4"]
     assert len(fidelity.load_records(tmp_path)) == 2
 

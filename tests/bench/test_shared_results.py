@@ -5,7 +5,6 @@ two processes would (flock locks open files, and a claim names its owner, not on
 import json
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -66,7 +65,9 @@ def stream(tiny_engine, episode_record):
     return build_stream(ep, tiny_engine.tokenizer)
 
 
-def test_two_workers_on_one_out_dir_run_each_setting_once(tiny_engine, stream, tmp_path, monkeypatch):
+def test_two_workers_on_one_out_dir_run_each_setting_once(
+    tiny_engine, stream, tmp_path, monkeypatch, together
+):
     k = stream.prompt_length // 32 * 32 or 32
     grid = [RunSpec(policy="random", budget=k, buffer=16, protect="sink", seed=s) for s in range(4)]
     fidelity.run_fidelity(tiny_engine, [stream], [RunSpec("full")], tmp_path, "tiny", plot=False)
@@ -78,22 +79,10 @@ def test_two_workers_on_one_out_dir_run_each_setting_once(tiny_engine, stream, t
         return real(engine, st, config, *a, **kw)
 
     monkeypatch.setattr(rp, "policy_run", counted)
-    start = threading.Barrier(2)
-    results, errors = [], []
-
-    def worker():
-        start.wait()  # both read the same pending list: without claims each would run all four
-        try:
-            results.append(fidelity.run_fidelity(tiny_engine, [stream], grid, tmp_path, "tiny", plot=False))
-        except BaseException as e:  # surfaced below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    # Both read the same pending list: without claims each would run all four.
+    results = together(
+        lambda: fidelity.run_fidelity(tiny_engine, [stream], grid, tmp_path, "tiny", plot=False)
+    )
     assert sorted(runs) == [0, 1, 2, 3]
     saved = fidelity.load_records(tmp_path)
     assert sorted(r["seed"] for r in saved if r["policy"] == "random") == [0, 1, 2, 3]
