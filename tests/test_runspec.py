@@ -18,7 +18,7 @@ from kvagent.runtime.config import CacheConfig
 # A valid non-default value of every identity field (a field added to CacheConfig needs one here).
 EXAMPLES = {"policy": "h2o", "budget": 128, "buffer": 32, "protect": "sink", "scope": "prefill",
             "mode": "reprefill", "window": 8, "seed": 3, "policy_args": {"kernel": 5}, "head_budget": "adaptive",
-            "framework": "topk-all"}  # fmt: skip
+            "framework": "topk-all", "cadence": "shared"}  # fmt: skip
 
 
 def test_labels_and_run_ids_are_those_already_on_disk():

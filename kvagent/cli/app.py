@@ -18,6 +18,7 @@ from kvagent.cli.params import (
     BENCH_MODEL,
     Budget,
     Buffer,
+    Cadence,
     ContextLimit,
     Device,
     Dtype,
@@ -126,6 +127,7 @@ def solve(
     policy_arg: PolicyArg = None,
     head_budget: HeadBudget = "uniform",
     framework: Framework = "recent-buffer",
+    cadence: Cadence = "layer",
     max_steps: MaxSteps = 100,
     max_new_tokens: MaxNewTokens = None,
     context_limit: ContextLimit = 65_536,
@@ -177,6 +179,7 @@ def chat(
     policy_arg: PolicyArg = None,
     head_budget: HeadBudget = "uniform",
     framework: Framework = "recent-buffer",
+    cadence: Cadence = "layer",
     approval: Annotated[
         str, typer.Option(help="confirm: a key (y/n/q) before each tool call; yolo: run all.")
     ] = "confirm",

@@ -78,6 +78,13 @@ def bench_fidelity(
             "(kvagent's before)."
         ),
     ] = "recent-buffer",
+    cadence: Annotated[
+        str,
+        typer.Option(
+            help="Comma list: layer (each layer's round at its own trigger), shared (once a layer is due, "
+            "every layer over K + r cuts too; differs where layers hold different counts, as pyramidkv's)."
+        ),
+    ] = "layer",
 ) -> None:
     """Replay agent episodes under each policy and compare with the full cache."""
     from kvagent.cli.bench import run_fidelity_bench

@@ -12,6 +12,7 @@ from kvagent.cli.params import (
     AGENT_MODEL,
     Budgets,
     Buffer,
+    Cadence,
     ContextLimit,
     Device,
     Dtype,
@@ -80,6 +81,7 @@ def eval_(
     window: Window = 16,
     head_budget: HeadBudget = "uniform",
     framework: Framework = "recent-buffer",
+    cadence: Cadence = "layer",
     policy_arg: PolicyArg = None,
     env: Annotated[
         str, typer.Option(help="docker (instance images) or local (--repos checkouts).")

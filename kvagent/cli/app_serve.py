@@ -11,6 +11,7 @@ from kvagent.cli.params import (
     AGENT_MODEL,
     Budget,
     Buffer,
+    Cadence,
     Device,
     Dtype,
     Framework,
@@ -43,6 +44,7 @@ def serve(
     policy_arg: PolicyArg = None,
     head_budget: HeadBudget = "uniform",
     framework: Framework = "recent-buffer",
+    cadence: Cadence = "layer",
     max_batch: Annotated[
         int, typer.Option(help="Sessions whose forwards one batch joins (and requests run at once).")
     ] = 8,

@@ -123,6 +123,13 @@ Framework = Annotated[
         "(kvagent's before: the top K of all entries, each policy with its own recency keep)."
     ),
 ]
+Cadence = Annotated[
+    str,
+    typer.Option(
+        help="layer (each layer's round at its own trigger) | shared (once a layer is due, every layer over "
+        "K + r cuts too: one round per r tokens where layers keep different K, as pyramidkv's)."
+    ),
+]
 Window = Annotated[int, typer.Option(help="W: recent queries used for scoring.")]
 PolicyArg = Annotated[
     list[str] | None,

@@ -71,12 +71,18 @@ def _first_round(
             return prompt_length
         if not isinstance(b, int):
             return None
+    shared = config.cadence == "shared"
     if isinstance(b, int):
-        return layer_budgets(config, policy, n_layers, 0)[layer] + recent + r
+        ks = layer_budgets(config, policy, n_layers, 0)
+        # shared: the first layer's trigger, or later if this layer does not yet hold more than K + r
+        return max(min(ks) + recent + r, ks[layer] + recent + 1) if shared else ks[layer] + recent + r
 
     # A fraction: the first length that reaches K(L) + r (+ r), by bisection (L - K(L) grows with L).
     def due(n: int) -> bool:
-        return n >= layer_budgets(config, policy, n_layers, n)[layer] + recent + r
+        ks = layer_budgets(config, policy, n_layers, n)
+        if shared:
+            return n > ks[layer] + recent and n >= min(ks) + recent + r
+        return n >= ks[layer] + recent + r
 
     if not due(_SEARCH_LIMIT):
         return None

@@ -14,6 +14,9 @@ HEAD_BUDGETS = ("uniform", "adaptive")
 # How a round picks what stays (docs/architecture.md, "Eviction framework"): "recent-buffer" (both
 # papers': the newest r entries are never scored) or "topk-all" (kvagent before issue #26).
 FRAMEWORKS = ("recent-buffer", "topk-all")
+# When a round runs on each layer, where layers keep different K (PyramidKV): "layer", at its own
+# trigger; "shared", every layer over what a round leaves, whenever any layer is due.
+CADENCES = ("layer", "shared")
 SINK_TOKENS = 4
 
 
@@ -36,6 +39,11 @@ class CacheConfig:
     # "recent-buffer": the newest r entries are kept unscored, a round keeps the top K of the rest
     # (K + r held after it, K + 2r at most); "topk-all": the top K of all entries (K + r at most).
     framework: str = "recent-buffer"
+    # "layer": each layer's round runs when it reaches its own trigger (K_l + 2r), so layers with
+    # different K step the stream a few tokens at a time; "shared": when any layer is due, every
+    # layer holding more than a round leaves gets its round too, so they stay in phase (one round
+    # per r tokens) with the same K_l + 2r bound. Identical where all layers keep one K.
+    cadence: str = "layer"
 
     def __post_init__(self) -> None:
         from kvagent.runtime.policies import check_policy
@@ -74,6 +82,8 @@ class CacheConfig:
             )
         if self.framework not in FRAMEWORKS:
             raise ConfigError(f"framework: got {self.framework!r}; choose one of {', '.join(FRAMEWORKS)}")
+        if self.cadence not in CADENCES:
+            raise ConfigError(f"cadence: got {self.cadence!r}; choose one of {', '.join(CADENCES)}")
         if self.recent and self.evicts:
             problem = buffer_fit_problem(self)
             if problem:

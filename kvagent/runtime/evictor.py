@@ -134,17 +134,18 @@ class Evictor:
     @torch.no_grad()
     def evict_due(self, logical_length: int, prompt_length: int | None, to_budget: bool = False) -> None:
         """Run a round on every layer that reached its trigger (K + 2r under recent-buffer, K + r
-        under topk-all), or, with to_budget, holds more than a round leaves (K + r, or K)."""
+        under topk-all), or, with to_budget, holds more than a round leaves (K + r, or K); under
+        cadence "shared", once one layer is due, on every layer holding more than a round leaves."""
         budgets = self.layer_budgets(logical_length)
         recent = self.config.recent
         r = 0 if to_budget else self.config.buffer
-        due = [
-            li
-            for li, (k, n) in enumerate(zip(budgets, self.cache.loads(), strict=True))
-            if n >= k + recent + r and n > k + recent
-        ]
+        loads = self.cache.loads()
+        over = [li for li, (k, n) in enumerate(zip(budgets, loads, strict=True)) if n > k + recent]
+        due = [li for li in over if loads[li] >= budgets[li] + recent + r]
         if not due:
             return
+        if self.config.cadence == "shared":
+            due = over  # the layers not yet at their trigger cut too, so all stay in one phase
         n_prot = self._n_protected(logical_length, prompt_length)
         for li in due:
             if n_prot >= budgets[li]:
