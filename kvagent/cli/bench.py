@@ -28,6 +28,17 @@ def _setting_value(name: str, text: str):
         raise ConfigError(f"{name.replace('_', '-')}: {text!r} is not a number") from None
 
 
+def _check_context(streams, limit: int | None, model: str) -> None:
+    """A stream past the model's context would be compared where the model has never been trained
+    (positions it cannot place): refused before any replay, naming the cut that fits."""
+    for st in streams:
+        if limit and len(st.ids) > limit:
+            raise ConfigError(
+                f"episodes: {st.name} is {len(st.ids):,} tokens, past {model}'s context of {limit:,}; "
+                f"cut episodes at whole turns with --max-tokens {limit}"
+            )
+
+
 def run_fidelity_bench(
     *, model, policies, modes, budgets, scopes, protect, episodes, out, buffer, window, seed, policy_arg,
     max_tokens, quiet, device="auto", dtype="auto", **axes,
@@ -72,6 +83,7 @@ def run_fidelity_bench(
     eps = load_episodes(list(episodes), open_env=local_sandbox)
     engine = load_engine(model, device=device, dtype=dtype)
     streams = [build_stream(e, engine.tokenizer, max_tokens=max_tokens) for e in eps]
+    _check_context(streams, engine.max_context, model)
     with resume_hint(out), Bars(enabled=not quiet) as bars:
         records = run_fidelity(engine, streams, grid, Path(out), model, progress=bars)
     print_markdown((Path(out) / "fidelity.md").read_text(encoding="utf-8"))

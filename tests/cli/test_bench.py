@@ -62,6 +62,7 @@ def test_bench_fidelity_writes_three_files_and_resumes(tmp_path, jsonl_file):
         (["--protect", "all"], "protect"),
         (["--policies", "nexus", "--budgets", "100"], "budget"),
         (["--episodes", "missing.jsonl"], "episodes"),
+        (["--policies", "pyramidkv", "--budgets", "96", "--cadence", "phase"], "cadence"),
     ],
 )
 def test_bad_values_give_one_line_and_exit_2(tmp_path, bad, field):
@@ -69,6 +70,27 @@ def test_bad_values_give_one_line_and_exit_2(tmp_path, bad, field):
     assert r.exit_code == 2
     lines = [x for x in r.output.strip().splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("kvagent: error:") and field in lines[0], r.output
+
+
+def test_an_episode_past_the_models_context_is_refused_before_any_replay(tmp_path, jsonl_file, monkeypatch):
+    import kvagent.cli.bench as bench
+    from kvagent.cli.common import load_engine
+
+    def short_context(*args, **kwargs):
+        engine = load_engine(*args, **kwargs)
+        engine.max_context = 300
+        return engine
+
+    monkeypatch.setattr(bench, "load_engine", short_context)
+    common = ["bench", "fidelity", "--model", "tiny-random-qwen3", "--episodes", f"{jsonl_file}:first=1",
+              "--policies", "random", "--budgets", "96", "--protect", "sink", "--buffer", "32", "--quiet"]  # fmt: skip
+    r = _run(*common, "--out", str(tmp_path / "a"))
+    assert r.exit_code == 2
+    lines = [x for x in r.output.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and "past tiny-random-qwen3's context of 300" in lines[0], r.output
+    assert lines[0].endswith("--max-tokens 300") and not (tmp_path / "a" / "fidelity.json").exists()
+    r = _run(*common, "--max-tokens", "300", "--out", str(tmp_path / "b"))  # the advice works
+    assert r.exit_code == 0, r.output
 
 
 @pytest.mark.slow
