@@ -14,8 +14,9 @@ HEAD_BUDGETS = ("uniform", "adaptive")
 # How a round picks what stays (docs/architecture.md, "Eviction framework"): "recent-buffer" (both
 # papers': the newest r entries are never scored) or "topk-all" (kvagent before issue #26).
 FRAMEWORKS = ("recent-buffer", "topk-all")
-# When a round runs on each layer, where layers keep different K (PyramidKV): "layer", at its own
-# trigger; "shared", every layer over what a round leaves, whenever any layer is due.
+# When a round runs on each layer, where layers hold different counts (PyramidKV's per-layer K, a
+# block policy's cuts): "layer", at its own trigger; "shared", every layer over what a round leaves,
+# whenever any layer is due.
 CADENCES = ("layer", "shared")
 SINK_TOKENS = 4
 
@@ -42,7 +43,7 @@ class CacheConfig:
     # "layer": each layer's round runs when it reaches its own trigger (K_l + 2r), so layers with
     # different K step the stream a few tokens at a time; "shared": when any layer is due, every
     # layer holding more than a round leaves gets its round too, so they stay in phase (one round
-    # per r tokens) with the same K_l + 2r bound. Identical where all layers keep one K.
+    # per r tokens) with the same K_l + 2r bound. Identical where every layer holds the same count.
     cadence: str = "layer"
 
     def __post_init__(self) -> None:
