@@ -58,7 +58,7 @@ def check_budget(config: CacheConfig, policy: Any, max_context: int | None) -> N
         )
 
 
-def _first_round(
+def first_round(
     config: CacheConfig, policy: Any, n_layers: int, prompt_length: int, layer: int
 ) -> int | None:
     """The logical length at which `layer` first evicts, where it can be known before the episode
@@ -103,7 +103,7 @@ def prompt_fit_problem(
         return None
     policy = _policy(config, policy)
     for layer in range(n_layers):
-        at = _first_round(config, policy, n_layers, prompt_length, layer)
+        at = first_round(config, policy, n_layers, prompt_length, layer)
         if at is None:
             continue
         k = layer_budgets(config, policy, n_layers, at)[layer]

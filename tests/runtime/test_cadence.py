@@ -12,7 +12,7 @@ import torch
 from kvagent.errors import ConfigError
 from kvagent.runspec import RunSpec
 from kvagent.runtime import CacheConfig
-from kvagent.runtime.budget import _first_round, prompt_fit_problem
+from kvagent.runtime.budget import first_round, prompt_fit_problem
 from kvagent.runtime.oracle import check_session_against_oracle, random_episode, trace
 from kvagent.runtime.policies import make_policy
 
@@ -134,8 +134,8 @@ def test_shared_rounds_start_at_the_first_trigger_and_the_prompt_check_holds():
     the least at any later round, so whether a prompt fits is the same under both."""
     cfg = _pyramid("shared", protect="prompt")
     policy = make_policy("pyramidkv", min_budget=35, window=16)
-    assert [_first_round(cfg, policy, 2, 30, li) for li in (0, 1)] == [105 + 16 + 1, 35 + 32]
-    assert [_first_round(_pyramid("layer"), policy, 2, 30, li) for li in (0, 1)] == [105 + 32, 35 + 32]
+    assert [first_round(cfg, policy, 2, 30, li) for li in (0, 1)] == [105 + 16 + 1, 35 + 32]
+    assert [first_round(_pyramid("layer"), policy, 2, 30, li) for li in (0, 1)] == [105 + 32, 35 + 32]
     for budget, args in ((70, {"min_budget": 35}), (0.5, {"min_budget": 1}), (0.3, {"beta": 4.0})):
         both = [CacheConfig(**{**PYRAMID, "budget": budget, "protect": "prompt", "policy_args": args}, cadence=c)
                 for c in ("layer", "shared")]  # fmt: skip
