@@ -126,6 +126,7 @@ def summarise(spec: RunSpec, stream: Stream, model: str, res: rp.ReplayResult, r
         "rounds": st.get("rounds"),
         "evicted": st.get("evicted"),
         "prefill_tokens": st.get("prefill_tokens"),
+        "reused_tokens": st.get("reused_tokens", 0),
         "decode_tokens": st.get("decode_tokens"),
         "kv_bytes": st.get("total_kv_bytes"),
         "max_entries": max(st.get("entries") or [0]),
@@ -168,6 +169,7 @@ def run_fidelity(
     annotate: Callable[[Stream, rp.ReplayResult], dict] | None = None,
     concurrency: int = 1,
     refs: dict[str, rp.ReplayResult] | None = None,
+    reuse_prefix: bool = True,
 ) -> list[dict]:
     """Run every (stream, spec) not already in `out_dir/fidelity.json`; rewrite the json after
     each run (atomically, so a crash keeps finished runs), then the table and the plot. `progress`:
@@ -175,7 +177,9 @@ def run_fidelity(
     fields for each record. `concurrency > 1`: that many policy runs at once, one thread each (on an
     engine loaded with `max_batch` > 1 their forwards are batched together). `refs`: full-cache
     runs by stream digest, used and filled (a caller that already ran one passes it on). Several
-    processes may run on one `out_dir` (shared_results.py): each takes the next run no one holds."""
+    processes may run on one `out_dir` (shared_results.py): each takes the next run no one holds.
+    `reuse_prefix`: reprefill runs rebuild from the previous rebuild's dense state (replay.py;
+    bit-identical logits, a few times faster; off holds less memory and times the protocol)."""
     progress = progress or NoProgress()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -224,7 +228,13 @@ def run_fidelity(
             # branched (deep-copied) for the probe's greedy continuation: such runs skip the probe.
             probe = getattr(engine, "scheduler", None) is None or not isinstance(s.budget, int)
             res = rp.policy_run(
-                engine, stream, s.cache_config(), ref.reference, progress=bar.advance, probe=probe
+                engine,
+                stream,
+                s.cache_config(),
+                ref.reference,
+                progress=bar.advance,
+                probe=probe,
+                reuse_prefix=reuse_prefix,
             )
         ref_lp = statistics.fmean(ref.logp_true) if ref.logp_true else float("nan")
         rec = summarise(s, stream, model_name, res, ref_lp)

@@ -61,10 +61,14 @@ def replay(
     on_logits: Callable[[int, torch.Tensor, int], None],
     probe: bool = True,
     progress: Callable[[int], None] | None = None,
+    reuse_prefix: bool = False,
 ) -> ReplayResult:
-    """`on_logits(i, logits, target)` for the i-th scored token. Returns probe results and stats."""
+    """`on_logits(i, logits, target)` for the i-th scored token. Returns probe results and stats.
+    `reuse_prefix`: a reprefill run's rebuilds start from the previous one's dense state
+    (`Session.reuse_prefix`): the same logits, fewer forwards, so its time is not the protocol's."""
     result = ReplayResult()
     session = engine.session(config)
+    session.reuse_prefix = reuse_prefix
     caps = pool_capacities(config, session.policy, engine.n_layers)
     result.capacity = max(caps) if caps else None
     t0 = time.perf_counter()
@@ -155,7 +159,8 @@ def compare(ref: Reference, logits: torch.Tensor, i: int, target: int) -> tuple[
     return max(0.0, kl), int(torch.argmax(lq)) == int(ref.argmax[i]), float(lq[target])
 
 
-def policy_run(engine, stream: Stream, config: CacheConfig, ref: Reference, progress=None, probe=True):
+def policy_run(engine, stream: Stream, config: CacheConfig, ref: Reference, progress=None, probe=True,
+               reuse_prefix: bool = False):  # fmt: skip
     res_kl, res_agree, res_lp = [], [], []
 
     def cmp(i, logits, target):
@@ -164,6 +169,6 @@ def policy_run(engine, stream: Stream, config: CacheConfig, ref: Reference, prog
         res_agree.append(agree)
         res_lp.append(lp)
 
-    res = replay(engine, stream, config, cmp, probe=probe, progress=progress)
+    res = replay(engine, stream, config, cmp, probe=probe, progress=progress, reuse_prefix=reuse_prefix)
     res.kl, res.agree, res.logp_true = res_kl, res_agree, res_lp
     return res

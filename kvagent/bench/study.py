@@ -142,19 +142,22 @@ def position_buckets(stream: Stream, res: rp.ReplayResult, bucket: int) -> list[
 # ----------------------------------------------------------------------- cost
 def replay_tokens(stream: Stream, spec: RunSpec) -> int:
     """Tokens one run pushes through the model: the stream once (and the probe), plus in reprefill
-    mode the whole history again at every appended chunk after the first."""
+    mode, at every appended chunk after the first, the history again from where the previous
+    rebuild's kept dense state ends (its last whole chunk: run_fidelity reuses it)."""
     probe = (
         len(stream.probe.question) + len(stream.probe.prefix) + len(stream.probe.value) if stream.probe else 0
     )
     n = len(stream.ids) + probe
     if spec.mode == "reprefill" and spec.policy != "full":
-        pos = 0
+        chunk = spec.cache_config().prefill_chunk
+        pos = kept = 0
         for i, seg in enumerate(stream.segments):
-            if seg.kind == "append" and i > 0:
-                n += pos
+            if seg.kind == "append":
+                n += pos - kept if i > 0 else 0
+                kept = (pos + len(seg.ids)) // chunk * chunk
             pos += len(seg.ids)
         if stream.probe:
-            n += pos
+            n += pos - kept
     return n
 
 

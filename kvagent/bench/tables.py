@@ -84,6 +84,10 @@ def fidelity_markdown(records: list[dict], skipped: list[str] | None = None) -> 
             f"{_fmt(r['retrieval'], '.0%')} | {_fmt(r['probe_logp'], '.2f')} | {_fmt(r['rounds'], '.0f')} | "
             f"{_fmt(r['kv_mib'], '.1f')} | {_fmt(r['wall_s'], '.1f')} |"
         )
+    if any(r.get("reused_tokens") for r in records):
+        lines += ["", "wall s: the replay's. Its reprefill rebuilds start from the previous rebuild's dense "
+                  "state (the same logits, fewer forwards), so they do not time the protocol: "
+                  "`kvagent bench speed` does."]  # fmt: skip
     if skipped:
         lines += ["", "Skipped:", *[f"- {s}" for s in skipped]]
     return "\n".join(lines) + "\n"

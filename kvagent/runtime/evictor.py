@@ -9,6 +9,7 @@ the evictor never reads the session.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -90,6 +91,15 @@ class Evictor:
                 layer.capacity_hint = k + c.recent + c.buffer
         self.cache = cache
         self.state: list[dict] = [{} for _ in range(self.n_layers)]  # per layer, the policy's
+
+    def dense_snapshot(self):
+        """A copy of the cache and the per-layer policy state, taken inside a reprefill's dense
+        rebuild (no round has run on it, so nothing else has changed since `reset`)."""
+        return copy.deepcopy((self.cache, self.state))
+
+    def restore(self, snapshot) -> None:
+        """`reset`, but to a copy of a `dense_snapshot` (which stays reusable)."""
+        self.cache, self.state = copy.deepcopy(snapshot)
 
     def kept_positions(self) -> list[torch.Tensor]:
         """Per layer (B, H_kv, N) positions held; -1 pads a head that holds fewer."""

@@ -18,6 +18,9 @@ class CacheStats:
     scoring_s: float = 0.0
     compaction_s: float = 0.0
     prefill_tokens: int = 0  # tokens run through prefill forwards (reprefill counts the history again)
+    # reprefill with Session.reuse_prefix: history tokens a rebuild restored instead of running
+    # again (prefill_tokens + reused_tokens is what the protocol prefills)
+    reused_tokens: int = 0
     decode_tokens: int = 0
     forward_s: float = 0.0  # wall time inside model forwards
 
