@@ -140,21 +140,21 @@ def position_buckets(stream: Stream, res: rp.ReplayResult, bucket: int) -> list[
 
 
 # ----------------------------------------------------------------------- cost
-def replay_tokens(stream: Stream, spec: RunSpec) -> int:
+def replay_tokens(stream: Stream, spec: RunSpec, reuse_prefix: bool = True) -> int:
     """Tokens one run pushes through the model: the stream once (and the probe), plus in reprefill
-    mode, at every appended chunk after the first, the history again from where the previous
-    rebuild's kept dense state ends (its last whole chunk: run_fidelity reuses it)."""
+    mode, at every appended chunk after the first, the history again: from where the previous
+    rebuild's kept dense state ends (its last whole chunk) with `reuse_prefix`, else all of it."""
     probe = (
         len(stream.probe.question) + len(stream.probe.prefix) + len(stream.probe.value) if stream.probe else 0
     )
     n = len(stream.ids) + probe
     if spec.mode == "reprefill" and spec.policy != "full":
-        chunk = spec.cache_config().prefill_chunk
+        chunk = spec.cache_config().prefill_chunk if reuse_prefix else None
         pos = kept = 0
         for i, seg in enumerate(stream.segments):
             if seg.kind == "append":
                 n += pos - kept if i > 0 else 0
-                kept = (pos + len(seg.ids)) // chunk * chunk
+                kept = (pos + len(seg.ids)) // chunk * chunk if chunk else 0
             pos += len(seg.ids)
         if stream.probe:
             n += pos - kept
@@ -175,7 +175,7 @@ class Estimate:
 
 
 def estimate(engine, streams: Sequence[Stream], design: Design, out_dir: str | Path, model_name: str,
-             refs: dict[str, rp.ReplayResult]) -> Estimate:  # fmt: skip
+             refs: dict[str, rp.ReplayResult], reuse_prefix: bool = True) -> Estimate:  # fmt: skip
     """Time the first pending episode's full-cache replay (kept in `refs`, so `run_study` does not
     run it again) and scale by the tokens every pending run replays."""
     records = load_records(Path(out_dir))
@@ -192,7 +192,7 @@ def estimate(engine, streams: Sequence[Stream], design: Design, out_dir: str | P
         for st, _ in todo
         if st.digest() not in refs and not reference_path(Path(out_dir), engine, st, model_name).exists()
     }
-    tokens = sum(replay_tokens(st, s) for st, s in todo if s.policy != "full")
+    tokens = sum(replay_tokens(st, s, reuse_prefix) for st, s in todo if s.policy != "full")
     tokens += sum(replay_tokens(st, RunSpec("full")) for st in pending_refs.values())
     return Estimate(total, total - len(todo), len(skipped), tokens, spt)
 
@@ -262,7 +262,8 @@ def load_selection(out_dir: Path) -> tuple[list[str] | None, list[dict]]:
 
 
 def run_study(engine, streams: Sequence[Stream], design: Design, out_dir: str | Path, model_name: str,
-              progress=None, concurrency: int = 1, refs: dict | None = None) -> list[dict]:  # fmt: skip
+              progress=None, concurrency: int = 1, refs: dict | None = None,
+              reuse_prefix: bool = True) -> list[dict]:  # fmt: skip
     """Run (or resume) the design on `streams` (already chosen); returns their records."""
     if not streams:
         raise ConfigError(f"episodes: none is eligible for the {design.claim} design")
@@ -287,4 +288,5 @@ def run_study(engine, streams: Sequence[Stream], design: Design, out_dir: str | 
         annotate=annotate,
         concurrency=concurrency,
         refs=refs,
+        reuse_prefix=reuse_prefix,
     )

@@ -18,6 +18,7 @@ from kvagent.cli.params import (
     Policies,
     PolicyArg,
     Quiet,
+    ReusePrefix,
     Window,
     user_errors,
 )
@@ -85,6 +86,7 @@ def bench_fidelity(
             "every layer over K + r cuts too; differs where layers hold different counts, as pyramidkv's)."
         ),
     ] = "layer",
+    reuse_prefix: ReusePrefix = True,
 ) -> None:
     """Replay agent episodes under each policy and compare with the full cache."""
     from kvagent.cli.bench import run_fidelity_bench
@@ -138,6 +140,7 @@ def bench_study(
     quiet: Quiet = False,
     device: Device = "auto",
     dtype: Dtype = "auto",
+    reuse_prefix: ReusePrefix = True,
 ) -> None:
     """The study: one seed paper's claim under its own conditions, a design fixed in advance (episodes,
     budgets, framework, arms, margin, tests, Holm), with CIs and a verdict (see docs/study.md)."""
@@ -149,6 +152,7 @@ def bench_study(
     run_study_bench(
         claim=claim, model=model, episodes=episodes, out=out, concurrency=concurrency,
         estimate_only=estimate_only, report_only=report_only, quiet=quiet, device=device, dtype=dtype,
+        reuse_prefix=reuse_prefix,
     )  # fmt: skip
 
 

@@ -41,7 +41,7 @@ def _check_context(streams, limit: int | None, model: str) -> None:
 
 def run_fidelity_bench(
     *, model, policies, modes, budgets, scopes, protect, episodes, out, buffer, window, seed, policy_arg,
-    max_tokens, quiet, device="auto", dtype="auto", **axes,
+    max_tokens, quiet, device="auto", dtype="auto", reuse_prefix=True, **axes,
 ) -> list[dict]:  # fmt: skip
     """`axes`: the command's other cache options, each a comma list of one CacheConfig field's values
     (`--head-budget uniform,adaptive`); each value runs for the policies that accept it."""
@@ -85,7 +85,9 @@ def run_fidelity_bench(
     streams = [build_stream(e, engine.tokenizer, max_tokens=max_tokens) for e in eps]
     _check_context(streams, engine.max_context, model)
     with resume_hint(out), Bars(enabled=not quiet) as bars:
-        records = run_fidelity(engine, streams, grid, Path(out), model, progress=bars)
+        records = run_fidelity(
+            engine, streams, grid, Path(out), model, progress=bars, reuse_prefix=reuse_prefix
+        )
     print_markdown((Path(out) / "fidelity.md").read_text(encoding="utf-8"))
     print(f"wrote {Path(out) / 'fidelity.json'}, fidelity.md, fidelity.png")
     return records
@@ -129,6 +131,7 @@ def run_speed_bench(
 
 def run_study_bench(
     *, claim, model, episodes, out, concurrency, estimate_only, report_only, quiet, device="auto", dtype="auto",
+    reuse_prefix=True,
 ) -> dict | None:  # fmt: skip
     """Run (or resume) one claim's pre-registered design: the episodes it chooses, the power
     calculation and the estimated time first; then study.md / episodes.md / .json / PNGs."""
@@ -178,7 +181,7 @@ def run_study_bench(
             st.save_selection(outp, design, picked, rows)
             refs: dict = {}
             print(f"study: timing one full-cache replay of {picked[0].name} ...", flush=True)
-            est = st.estimate(engine, picked, design, outp, model, refs)
+            est = st.estimate(engine, picked, design, outp, model, refs, reuse_prefix=reuse_prefix)
             print(
                 f"study: {len(picked)} episodes, {est.runs} runs ({est.done} done, {est.skipped} settings skipped), "
                 f"~{est.tokens:,} tokens to replay at {est.seconds_per_token * 1000:.1f} ms/token: estimated "
@@ -190,7 +193,7 @@ def run_study_bench(
                 return None
             with resume_hint(out), Bars(enabled=not quiet) as bars:
                 records = st.run_study(engine, picked, design, outp, model, progress=bars, concurrency=concurrency,
-                                       refs=refs)  # fmt: skip
+                                       refs=refs, reuse_prefix=reuse_prefix)  # fmt: skip
         finally:
             engine.close()
         chosen = [s.name for s in picked]

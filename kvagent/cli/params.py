@@ -143,6 +143,15 @@ Policies = Annotated[str, typer.Option(help="Comma list of policies.")]
 Modes = Annotated[str, typer.Option(help="Comma list: persistent, reprefill.")]
 Budgets = Annotated[str, typer.Option(help="Comma list of budgets (tokens, or fractions in (0,1)).")]
 Quiet = Annotated[bool, typer.Option("--quiet", help="No progress bars.")]
+ReusePrefix = Annotated[
+    bool,
+    typer.Option(
+        "--reuse-prefix/--no-reuse-prefix",
+        help="Reprefill runs: each rebuild starts from the previous one's dense state at its last whole "
+        "chunk (the same logits, a few times fewer forwards). Off: less memory (no copy of the dense "
+        "history), and wall times that are the protocol's.",
+    ),
+]
 # agent
 MaxSteps = Annotated[int, typer.Option(help="Hard limit on model calls (per request in chat).")]
 MaxNewTokens = Annotated[

@@ -52,6 +52,31 @@ def test_bench_fidelity_writes_three_files_and_resumes(tmp_path, jsonl_file):
     assert json.loads((out / "fidelity.json").read_text())["records"] == json.loads(before)["records"]
 
 
+def test_reuse_prefix_changes_no_number_but_the_cost(tmp_path, jsonl_file):
+    """Reprefill runs with and without --reuse-prefix: every fidelity number the same, fewer tokens run
+    (the rest restored), and the table says its wall times are not the protocol's."""
+    common = ["bench", "fidelity", "--model", "tiny-random-qwen3", "--episodes", f"{jsonl_file}:first=1",
+              "--policies", "snapkv,h2o", "--modes", "reprefill", "--budgets", "96", "--protect", "sink",
+              "--buffer", "32", "--max-tokens", "900", "--quiet"]  # fmt: skip
+    got = {}
+    for flag in ("--reuse-prefix", "--no-reuse-prefix"):
+        r = _run(*common, flag, "--out", str(tmp_path / flag))
+        assert r.exit_code == 0, r.output
+        records = json.loads((tmp_path / flag / "fidelity.json").read_text())["records"]
+        got[flag] = {x["policy"]: x for x in records if x["policy"] != "full"}
+    on, off = got["--reuse-prefix"], got["--no-reuse-prefix"]
+    assert on.keys() == off.keys() == {"snapkv", "h2o"}
+    for policy in on:
+        a, b = on[policy], off[policy]
+        assert a["tokens"] > 512  # a whole prefill chunk, so there is a prefix to reuse
+        for field in ("kl", "kl_max", "top1", "logp_true", "probe_logp", "probe_text", "rounds", "evicted"):
+            assert a[field] == b[field], field
+        assert b["reused_tokens"] == 0 < a["reused_tokens"]
+        assert a["prefill_tokens"] + a["reused_tokens"] == b["prefill_tokens"]
+    assert "do not time the protocol" in (tmp_path / "--reuse-prefix" / "fidelity.md").read_text()
+    assert "do not time the protocol" not in (tmp_path / "--no-reuse-prefix" / "fidelity.md").read_text()
+
+
 @pytest.mark.parametrize(
     "bad, field",
     [
