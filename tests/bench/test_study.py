@@ -15,6 +15,7 @@ from kvagent.bench.study import (
     check_resume,
     clip_messages,
     position_buckets,
+    replay_tokens,
     save_selection,
     scored_positions,
     specs_for,
@@ -24,6 +25,7 @@ from kvagent.bench.study_design import DESIGNS, NEXUS, RANDOM, budget_for, eligi
 from kvagent.bench.study_power import plan_power, power_equivalence, power_one_sided
 from kvagent.bench.study_stats import holm, mean_ci, paired, shift, trend
 from kvagent.errors import ConfigError
+from kvagent.runspec import RunSpec
 from kvagent.runtime.budget import common_block
 
 # ----------------------------------------------------------------------- statistics
@@ -187,6 +189,20 @@ def test_position_buckets_follow_the_scored_tokens(tiny_engine, episode_record):
     for start, n, kl, top1, _ in b:
         inside = [p for p in pos if start <= p < start + 128]
         assert n == len(inside) and kl == pytest.approx(sum(inside) / n) and top1 == 1.0
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+@pytest.mark.parametrize("mode", ["reprefill", "persistent"])
+def test_replay_tokens_are_what_a_run_pushes_through_the_model(tiny_engine, episode_record, reuse, mode):
+    """The estimate's token count is the run's own: prefill (rebuilds included, less what reuse
+    restored) plus decode, probe included."""
+    stream = build_stream(from_messages("e", episode_record(turns=8)["messages"]), tiny_engine.tokenizer)
+    assert len(stream.ids) > 1024 and stream.probe is not None
+    spec = RunSpec("snapkv", budget=96, buffer=32, protect="sink", mode=mode)
+    res = rp.replay(tiny_engine, stream, spec.cache_config(), lambda *a: None, reuse_prefix=reuse)
+    st = res.stats
+    assert replay_tokens(stream, spec, reuse) == st["prefill_tokens"] + st["decode_tokens"]
+    assert (st["reused_tokens"] > 0) == (reuse and mode == "reprefill")
 
 
 # ----------------------------------------------------------------------- resuming
