@@ -48,8 +48,15 @@ def test_removed_after_sigint(base_image, repo, test_label):
             sb.run("sleep 1000", timeout=600)
         """
     )
+    # A job a shell starts in the background (`cmd &`, no job control) inherits SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt handler: a suite run that way would wait out the
+    # timeout. A Ctrl-C reaches a foreground process, whose SIGINT is the default; give it that.
     proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
