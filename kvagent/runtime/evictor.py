@@ -42,6 +42,17 @@ def pool_capacities(config: CacheConfig, policy: BasePolicy, n_layers: int) -> t
     return tuple(k + extra for k in layer_budgets(config, policy, n_layers, 0))
 
 
+class DenseSnapshot:
+    """What `Evictor.dense_snapshot` keeps. Never changed once made (`restore` copies out of it), so
+    a copied session (the fact probe's greedy branch) shares it instead of copying the dense history."""
+
+    def __init__(self, parts: tuple) -> None:
+        self.parts = parts
+
+    def __deepcopy__(self, memo) -> DenseSnapshot:
+        return self
+
+
 class Evictor:
     """Not thread-safe; owned by one session. `cache` is what the session's forwards write into."""
 
@@ -92,14 +103,14 @@ class Evictor:
         self.cache = cache
         self.state: list[dict] = [{} for _ in range(self.n_layers)]  # per layer, the policy's
 
-    def dense_snapshot(self):
+    def dense_snapshot(self) -> DenseSnapshot:
         """A copy of the cache and the per-layer policy state, taken inside a reprefill's dense
         rebuild (no round has run on it, so nothing else has changed since `reset`)."""
-        return copy.deepcopy((self.cache, self.state))
+        return DenseSnapshot(copy.deepcopy((self.cache, self.state)))
 
-    def restore(self, snapshot) -> None:
+    def restore(self, snapshot: DenseSnapshot) -> None:
         """`reset`, but to a copy of a `dense_snapshot` (which stays reusable)."""
-        self.cache, self.state = copy.deepcopy(snapshot)
+        self.cache, self.state = copy.deepcopy(snapshot.parts)
 
     def kept_positions(self) -> list[torch.Tensor]:
         """Per layer (B, H_kv, N) positions held; -1 pads a head that holds fewer."""

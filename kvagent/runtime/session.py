@@ -25,7 +25,7 @@ from kvagent.errors import ConfigError
 from kvagent.runtime.budget import check_budget, check_prompt_fits
 from kvagent.runtime.cache import EvictableCache
 from kvagent.runtime.config import CacheConfig, Sampling
-from kvagent.runtime.evictor import Evictor, pool_capacities
+from kvagent.runtime.evictor import DenseSnapshot, Evictor, pool_capacities
 from kvagent.runtime.forward import Chunk
 from kvagent.runtime.generation import Generation, Stopping, generate_tokens
 from kvagent.runtime.policies import make_policy
@@ -83,7 +83,7 @@ class Session:
         # chunk, so the next rebuild runs only from there. Off by default: it holds the dense
         # history beside the budgeted cache, and a rebuild's cost is what `bench speed` measures.
         self.reuse_prefix = False
-        self._prefix: tuple[list[int], Any] | None = None  # (tokens it holds, Evictor.dense_snapshot)
+        self._prefix: tuple[list[int], DenseSnapshot] | None = None  # (the tokens it holds, their state)
         # Batched engines: the rows of a slot pool this session's cache lives in (else private).
         slot = engine.slot_for(pool_capacities(config, policy, engine.n_layers), config.buffer)
         if slot is not None:

@@ -139,3 +139,25 @@ def test_batched_reuse_equals_solo_rebuilds(batch_engines, tiny_engines):
         # Batched forwards agree with solo ones to a tolerance, not bit for bit, so the sampled
         # reply (the last two entries) could part at a near tie.
         assert_same_logits_and_kept(s0, l0[:-2], s1, l1[:-2], tol=1e-4)
+
+
+def test_a_copied_session_shares_the_kept_state_and_both_go_on_alike(tiny_engines):
+    """The fact probe branches a session with deepcopy: the kept dense state is shared, not copied
+    (it is never changed once made), and each copy's later rebuilds still equal a fresh rebuild."""
+    import copy
+
+    engine = tiny_engines["qwen3"]
+    g = torch.Generator().manual_seed(11)
+    a = engine.session(config("h2o"))
+    a.reuse_prefix = True
+    a.append(ids(40, g))
+    a.teacher_force(ids(10, g))
+    a.append(ids(30, g))
+    b = copy.deepcopy(a, {id(engine): engine})
+    more = [ids(20, g), ids(25, g)]
+    out = []
+    for s in (a, b):
+        out.append([s.append(more[0]), s.teacher_force(more[1][:5]), s.append(more[1])])
+        assert s.stats.reused_tokens > 0
+    for x, y in zip(*out, strict=True):
+        assert torch.equal(x, y)
