@@ -104,16 +104,16 @@ def load_runs(path: str | Path) -> list[dict[str, Any]]:
 
 
 def sign_test(wins: int, losses: int) -> float:
-    """Exact two-sided sign test: P(a split at least this lopsided | no difference), ties dropped."""
+    """Exact two-sided sign test: P(a split at least this lopsided | no difference), ties dropped
+    (`scipy.stats.binomtest` at p = 1/2)."""
+    from scipy import stats
+
     if wins < 0 or losses < 0:
         raise ValueError("counts must be non-negative")
     n = wins + losses
     if n == 0:
         return 1.0
-    k = min(wins, losses)
-    tail = sum(math.comb(n, i) for i in range(k + 1))
-    # Exact integer arithmetic until the last division keeps small p-values accurate.
-    return min(1.0, 2 * tail / 2**n)
+    return float(stats.binomtest(wins, n, 0.5).pvalue)
 
 
 # --------------------------------------------------------------------------------------------- tables
