@@ -150,8 +150,10 @@ class LocalSandbox(Sandbox):
             **BASE_ENV,
         }
         env.update(extra or {})
-        if not self.bwrap:  # no PID namespace: the marker is how processes outside the group are found
-            env[reaper.MARKER] = self.root
+        # The marker finds a command's processes by scan: without bwrap, those that left the group;
+        # with it, a command whose owner was SIGKILLed while bwrap started, before --die-with-parent
+        # took hold (the sweep ends it, owner.sweep_dirs).
+        env[reaper.MARKER] = self.root
         return env
 
     def _exec(

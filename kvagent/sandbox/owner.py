@@ -5,7 +5,8 @@ the labels `kvagent.owner.pid/start/host`: the process that opened it, with its 
 reused pid is not mistaken for the owner. The record is written atomically with the sandbox (the
 name, the labels at create), so there is no moment a sandbox exists without its owner. SIGKILL
 skips every cleanup; the sweep, run once per process before its first sandbox and by
-`kvagent clean`, removes what such a process left behind.
+`kvagent clean`, removes what such a process left behind, and ends any command of its still
+running (bwrap's --die-with-parent misses an owner killed while bwrap starts).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from kvagent.sandbox import reaper
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +196,7 @@ def sweep_dirs(tmp: str | None = None, ownerless_after: float | None = None) -> 
                 continue
         elif owner.alive():
             continue
+        reaper.kill_marked(os.path.realpath(entry.path))  # a command the dead owner left running
         rmtree(entry.path)
         removed.append(entry.path)
     return removed

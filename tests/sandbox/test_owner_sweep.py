@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvagent.sandbox import open_sandbox, owner
+from kvagent.sandbox import open_sandbox, owner, reaper
 
 from .conftest import containers_with
 
@@ -28,6 +28,19 @@ def _child(script: str, tmp: Path) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _commands_naming(root: str) -> list[int]:
+    """Pids whose command line names `root` (bwrap's binds do), found without the marker."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(root.encode() in arg for arg in argv) and int(pid) != os.getpid():
+            found.append(int(pid))
+    return found
 
 
 def _sandbox_dirs(tmp: Path) -> list[Path]:
@@ -107,13 +120,44 @@ def test_after_sigkill_the_next_process_sweeps_the_orphan(repo, tmp):
         kept = keeper.stdout.readline().split()
         assert kept and kept[0] == "READY", keeper.stderr.read()
         assert not orphan.exists()  # swept before the keeper's first sandbox
+        # Killed right after READY, the owner often dies while bwrap starts, before bwrap's
+        # --die-with-parent holds: then only the sweep ends the orphan's `sleep 1000`.
+        assert _commands_naming(str(orphan)) == []
         assert Path(kept[1]).exists()
         assert owner.sweep_dirs(str(tmp)) == [] and Path(kept[1]).exists()
     finally:
         keeper.kill()
         keeper.wait()
     assert owner.sweep_dirs(str(tmp)) == [kept[1]]
-    assert _sandbox_dirs(tmp) == []
+    assert _sandbox_dirs(tmp) == [] and _commands_naming(kept[1]) == []
+
+
+def test_the_sweep_ends_what_a_dead_owner_left_running_and_only_that(repo, tmp):
+    """A process carrying a dead owner's marker stands in for a command whose bwrap missed its
+    owner's death (the race above, made certain); one of a live owner's sandbox must survive."""
+    dead = _child("import os, sys; print('READY', os.getpid(), flush=True); sys.stdin.read()", tmp)
+    pid = int(dead.stdout.readline().split()[1])
+    start = owner.process_start(pid)
+    dead.kill()
+    dead.wait()
+    orphan = tmp / f"{owner.DIR_PREFIX}{pid}-{start}-x"
+    orphan.mkdir()
+    left = subprocess.Popen(["sleep", "60"], env={**os.environ, reaper.MARKER: str(orphan)})
+    with open_sandbox("local", repo=repo, isolation="none") as live:
+        kept = subprocess.Popen(["sleep", "60"], env={**os.environ, reaper.MARKER: live.root})
+        try:
+            assert owner.sweep_dirs(str(tmp)) == [str(orphan)]
+            assert left.wait(timeout=10) == -signal.SIGKILL
+            assert kept.poll() is None and kept.pid in reaper.marked(live.root)
+        finally:
+            for proc in (left, kept):
+                proc.kill()
+                proc.wait()
+
+
+def test_a_bwrap_command_carries_its_sandbox_marker(repo):
+    with open_sandbox("local", repo=repo, isolation="bwrap") as sb:
+        assert sb.run(f"echo ${reaper.MARKER}", timeout=30).output.strip() == sb.root
 
 
 def test_ownerless_dirs_are_kept_unless_old(tmp):
