@@ -132,9 +132,10 @@ def test_after_sigkill_the_next_process_sweeps_the_orphan(repo, tmp):
     assert _sandbox_dirs(tmp) == [] and _commands_naming(kept[1]) == []
 
 
-def test_the_sweep_ends_what_a_dead_owner_left_running_and_only_that(repo, tmp):
+def test_the_sweep_ends_what_a_dead_owner_left_running_and_only_that(tmp):
     """A process carrying a dead owner's marker stands in for a command whose bwrap missed its
-    owner's death (the race above, made certain); one of a live owner's sandbox must survive."""
+    owner's death (the race above, made certain); one of a live owner's sandbox (this process's,
+    in the same temp dir) must survive."""
     dead = _child("import os, sys; print('READY', os.getpid(), flush=True); sys.stdin.read()", tmp)
     pid = int(dead.stdout.readline().split()[1])
     start = owner.process_start(pid)
@@ -142,17 +143,19 @@ def test_the_sweep_ends_what_a_dead_owner_left_running_and_only_that(repo, tmp):
     dead.wait()
     orphan = tmp / f"{owner.DIR_PREFIX}{pid}-{start}-x"
     orphan.mkdir()
+    me = owner.Owner.me()
+    live = tmp / f"{owner.DIR_PREFIX}{me.pid}-{me.start}-y"
+    live.mkdir()
     left = subprocess.Popen(["sleep", "60"], env={**os.environ, reaper.MARKER: str(orphan)})
-    with open_sandbox("local", repo=repo, isolation="none") as live:
-        kept = subprocess.Popen(["sleep", "60"], env={**os.environ, reaper.MARKER: live.root})
-        try:
-            assert owner.sweep_dirs(str(tmp)) == [str(orphan)]
-            assert left.wait(timeout=10) == -signal.SIGKILL
-            assert kept.poll() is None and kept.pid in reaper.marked(live.root)
-        finally:
-            for proc in (left, kept):
-                proc.kill()
-                proc.wait()
+    kept = subprocess.Popen(["sleep", "60"], env={**os.environ, reaper.MARKER: str(live)})
+    try:
+        assert owner.sweep_dirs(str(tmp)) == [str(orphan)]
+        assert left.wait(timeout=10) == -signal.SIGKILL
+        assert kept.poll() is None and kept.pid in reaper.marked(str(live)) and live.exists()
+    finally:
+        for proc in (left, kept):
+            proc.kill()
+            proc.wait()
 
 
 def test_a_bwrap_command_carries_its_sandbox_marker(repo):
