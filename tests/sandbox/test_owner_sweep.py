@@ -136,9 +136,12 @@ def test_the_sweep_ends_what_a_dead_owner_left_running_and_only_that(tmp):
     """A process carrying a dead owner's marker stands in for a command whose bwrap missed its
     owner's death (the race above, made certain); one of a live owner's sandbox (this process's,
     in the same temp dir) must survive."""
-    dead = _child("import os, sys; print('READY', os.getpid(), flush=True); sys.stdin.read()", tmp)
+    # Sleeps, not reads stdin: under CI stdin is at EOF and the child would exit before its start
+    # time is read (it did once: the dir was named "None" and counted as having no owner).
+    dead = _child("import os, time; print('READY', os.getpid(), flush=True); time.sleep(600)", tmp)
     pid = int(dead.stdout.readline().split()[1])
     start = owner.process_start(pid)
+    assert start, "the stand-in owner must be alive when its start time is read"
     dead.kill()
     dead.wait()
     orphan = tmp / f"{owner.DIR_PREFIX}{pid}-{start}-x"
