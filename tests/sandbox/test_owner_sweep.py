@@ -141,9 +141,9 @@ def test_the_sweep_ends_what_a_dead_owner_left_running_and_only_that(tmp):
     dead = _child("import os, time; print('READY', os.getpid(), flush=True); time.sleep(600)", tmp)
     pid = int(dead.stdout.readline().split()[1])
     start = owner.process_start(pid)
-    assert start, "the stand-in owner must be alive when its start time is read"
     dead.kill()
     dead.wait()
+    assert start, "the stand-in owner must be alive when its start time is read"
     orphan = tmp / f"{owner.DIR_PREFIX}{pid}-{start}-x"
     orphan.mkdir()
     me = owner.Owner.me()
