@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from kvagent.agent.prompts import DEFAULT_STYLE, INSTANCE_STYLES
@@ -59,6 +60,8 @@ class AgentConfig:
     r2egym_path: str | None = None  # a checkout of R2E-Gym: its prompt file and hard-coded strings
     # The texts of `r2egym_path` then `prompts`, read once: the config travels (Ray workers) without them.
     prompt_texts: tuple[tuple[str, str], ...] | None = None
+    # R2E-Gym's tool scripts of `r2egym_path` (name, bytes), read once: the sandbox installs these.
+    tool_scripts: tuple[tuple[str, bytes], ...] | None = None
     # What the model's generation_config.json said (set by `with_model_defaults`), for the record.
     model_sampling: tuple[tuple[str, Any], ...] = ()
     sampling_from_model: tuple[str, ...] = ()  # the fields taken from it
@@ -88,6 +91,12 @@ class AgentConfig:
             )
         if self.prompt_texts is None and (self.prompts is not None or self.r2egym_path is not None):
             object.__setattr__(self, "prompt_texts", self._read_texts())  # bad files fail here
+        if self.tool_scripts is None and self.r2egym_path is not None:
+            from kvagent.agent.r2egym_source import prompt_file_path
+            from kvagent.agent.r2egym_tools import load_tools
+
+            scripts = load_tools(self.r2egym_path, prompt_file_path(Path(self.r2egym_path).expanduser()))
+            object.__setattr__(self, "tool_scripts", scripts)
         if self.soft_step_limit is not None and self.soft_step_limit < 0:
             raise ConfigError(f"soft_step_limit: must be >= 0 or None (off), got {self.soft_step_limit}")
         if self.command_timeout <= 0:
@@ -158,11 +167,13 @@ class AgentConfig:
         d["stop"] = list(self.stop)
         d["model_sampling"] = dict(self.model_sampling)
         d["sampling_from_model"] = list(self.sampling_from_model)
+        import hashlib
+
         texts = d.pop("prompt_texts")  # the messages hold the texts; the record keeps their digest
         if texts is not None:
-            import hashlib
-
             d["prompts_sha256"] = hashlib.sha256(repr(texts).encode()).hexdigest()
+        scripts = d.pop("tool_scripts")  # which tool scripts ran: R2E-Gym's (digests) or kvagent's
+        d["tools"] = {n: hashlib.sha256(b).hexdigest()[:16] for n, b in scripts} if scripts else "kvagent"
         return d
 
 

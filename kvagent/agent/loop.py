@@ -138,6 +138,7 @@ class Agent:
         return system, user, self.render.prompt_ids(system, user)
 
     def _start(self, system: str, user: str, prompt_ids: list[int]) -> str | None:
+        self.scaffold.prepare(self.env)  # R2E-Gym's own tools (--r2egym), before anything is fed
         self.prompt_tokens = len(prompt_ids)
         status = self._feed(prompt_ids)
         if status is None:
@@ -203,9 +204,7 @@ class Agent:
         )
 
     def _run_tool(self, call: ToolCall) -> Any:
-        return self.env.run_tool(
-            self.scaffold.tool(call.name), call.params, timeout=self.config.command_timeout
-        )
+        return self.scaffold.run(self.env, call, self.config.command_timeout)
 
     def _observe(self, turn: Turn) -> str | None:
         text = self.scaffold.attach(turn.observation or "", self._notice())

@@ -6,6 +6,8 @@ runtime); docs/deepswe.md lists every point and where R2E-Gym is odd."""
 from __future__ import annotations
 
 import re
+import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +67,21 @@ def parse_action(reply: str) -> Action:
     for key, value in _PARAM.findall(block):
         params[key.strip()] = value.strip()
     return Action(head.group(1).strip() if head else "", params)
+
+
+def bash_command(name: str, params: Mapping[str, str]) -> str:
+    """The shell line R2E-Gym's runtime runs for a call of its installed tools (`Action.to_bashcmd`):
+    the name, the `command` parameter, then `--KEY VALUE` for each other parameter in the order
+    written; the name and the values quoted, the keys not (odd); `finish` / `submit` only echo."""
+    if name in ("finish", "submit"):
+        return "echo '<<<Finished>>>'"
+    words = [shlex.quote(name)]
+    if "command" in params:
+        words.append(shlex.quote(str(params["command"])))
+    for key, value in params.items():
+        if key != "command":
+            words += [f"--{key}", shlex.quote(str(value))]
+    return " ".join(words)
 
 
 def task_instruction(problem_statement: str) -> str:

@@ -16,6 +16,7 @@ from kvagent.agent.parser import ToolCall, ToolCallError, parse_call
 from kvagent.agent.prompt_file import FINAL_STEPS_NOTICE, STEPS_REMAINING, PromptFile
 from kvagent.agent.prompts import extract_issue, instance_prompt, system_prompt
 from kvagent.agent.tools import FINISH_TOOL
+from kvagent.errors import KvagentError
 
 NO_CALL = "no function call"
 
@@ -84,6 +85,12 @@ class Scaffold:
     def tool(self, name: str) -> str:
         return f"{self.tool_dir}/{name}" if self.tool_dir else name
 
+    def prepare(self, env: Any) -> None:
+        """Before the first call: install the tools the protocol brings (none here)."""
+
+    def run(self, env: Any, call: ToolCall, timeout: float) -> Any:
+        return env.run_tool(self.tool(call.name), call.params, timeout=timeout)
+
     def observe(self, name: str, result: Any, timeout: float) -> str:
         return tool_observation(name, result, timeout)
 
@@ -123,6 +130,24 @@ class R2EGymScaffold(Scaffold):
                 call, r2egym.unknown_tool_observation(action.name), f"unknown function {action.name!r}"
             )
         return Reading(call)
+
+    def prepare(self, env: Any) -> None:
+        """With --r2egym: R2E-Gym's own tool scripts, installed as its runtime installs them."""
+        scripts = self.config.tool_scripts
+        if scripts and not hasattr(env, "install_commands"):
+            raise KvagentError(
+                f"{type(env).__name__} cannot install R2E-Gym's tools from --r2egym; use a sandbox "
+                "(kvagent.sandbox.open_sandbox) or drop --r2egym"
+            )
+        if scripts:
+            env.install_commands(dict(scripts))
+
+    def run(self, env: Any, call: ToolCall, timeout: float) -> Any:
+        """R2E-Gym's scripts run as its runtime runs them (`timeout T NAME ARGS`, PATH only);
+        without a checkout, kvagent's re-implementation of them (sandbox/tools/r2egym/)."""
+        if not self.config.tool_scripts:
+            return super().run(env, call, timeout)
+        return env.run_command(r2egym.bash_command(call.name, call.params), timeout=timeout)
 
     def _no_call(self) -> str:
         if self.prompts and self.prompts.no_call_message is not None:

@@ -11,10 +11,11 @@ import posixpath
 import shlex
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvagent.sandbox import gitdiff
+from kvagent.sandbox import commands, gitdiff
 from kvagent.sandbox.errors import SandboxError
 
 TOOLS_SRC = Path(__file__).parent / "tools"
@@ -76,9 +77,11 @@ class Sandbox(ABC):
     setup: str = ""  # shell prefix run before every command (e.g. conda activation)
     base_commit: str = ""
     copy_note: str = ""  # one line when the copy carried uncommitted changes of the checkout
+    commands_dir: str = commands.COMMANDS_DIR  # where install_commands puts scripts
 
     def __init__(self) -> None:
         self._closed = False
+        self._runners: dict[str, str] = {}  # installed command -> how a call runs it
 
     # --- backend primitives -------------------------------------------------------------------
     @abstractmethod
@@ -86,6 +89,14 @@ class Sandbox(ABC):
         self, argv: list[str], timeout: float, max_output: int = DEFAULT_MAX_OUTPUT, env: dict | None = None
     ) -> Result:
         """Run argv in workdir; kill its whole process tree at `timeout`; cap combined output."""
+
+    @abstractmethod
+    def _exec_plain(self, argv: list[str], timeout: float, path: str) -> Result:
+        """`_exec` with `PATH` the only variable kvagent sets (R2E-Gym's runtime sets no other)."""
+
+    @abstractmethod
+    def _put_executable(self, path: str, data: bytes) -> None:
+        """Write an executable file (mode 755) at `path`, which may lie outside the working tree."""
 
     @abstractmethod
     def read_bytes(self, path: str) -> bytes: ...
@@ -145,6 +156,46 @@ class Sandbox(ABC):
             self.write_bytes(pfile, blob.encode("utf-8"))
             cmd += f" --params-file {shlex.quote(pfile)}"
         return self._exec(["bash", "-c", self._with_setup(cmd)], timeout + TOOL_GRACE_S, env=env)
+
+    def install_commands(self, scripts: Mapping[str, bytes]) -> None:
+        """Put each script in `commands_dir` as an executable named by its key (R2E-Gym's tools, the
+        way its runtime installs them: sandbox/commands.py), then start each with `--help`: a
+        SandboxError names the first that cannot start (a module missing in the image, say)."""
+        self._check_open()
+        commands.check_names(scripts)
+        self._prepare_commands()
+        for name, data in scripts.items():
+            self._put_executable(f"{self.commands_dir}/{name}", data)
+        progs = {n: commands.interpreter(data) for n, data in scripts.items()}
+        probe = self._exec(["sh", "-c", commands.probe_script(progs)], 60)
+        fallback = set(probe.output.split())
+        python = shlex.quote(self.task_python or self.tool_python)
+        for name in scripts:
+            path = shlex.quote(f"{self.commands_dir}/{name}")
+            self._runners[name] = f"{python} {path}" if name in fallback else name
+        check = self._exec_plain(
+            ["sh", "-c", commands.help_script(self._runners)], 4 * 60, self._command_path()
+        )
+        if check.exit_code != 0:
+            name, _, why = check.output.strip().partition("\n")
+            raise SandboxError(
+                f"the tool {name} does not start in this sandbox ({why.strip()[-200:] or 'no output'}); "
+                "install what it imports in the image's /root/.venv (R2E-Gym's images have chardet) "
+                "or run without --r2egym (kvagent's own r2egym tools)"
+            )
+
+    def run_command(self, cmd: str, timeout: float = 90) -> Result:
+        """A shell command line run as R2E-Gym's runtime runs a tool call: `timeout T CMD` under
+        /bin/sh in workdir with `PATH` alone set; the first word may name an installed command."""
+        self._check_open()
+        line = commands.command_line(self._runners, cmd, timeout)
+        return self._exec_plain(["/bin/sh", "-c", line], timeout + TOOL_GRACE_S, self._command_path())
+
+    def _command_path(self) -> str:
+        return commands.R2EGYM_PATH
+
+    def _prepare_commands(self) -> None:  # noqa: B027 - a hook; only docker has set-up to do
+        """Backend set-up before the first install (docker: R2E-Gym's /root/.venv link)."""
 
     def diff(self) -> str:
         """Patch of the working tree against the base commit (new files included, binaries left out)."""

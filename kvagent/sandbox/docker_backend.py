@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from kvagent.sandbox import owner
+from kvagent.sandbox import commands, owner
 from kvagent.sandbox.base import (
     BASE_ENV,
     DEFAULT_MAX_OUTPUT,
@@ -87,7 +87,7 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-def _tar(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
+def _tar(files: dict[str, bytes], dirs: tuple[str, ...] = (), mode: int = 0o644) -> bytes:
     buf = io.BytesIO()
     now = time.time()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -97,7 +97,7 @@ def _tar(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
             tar.addfile(info)
         for name, data in files.items():
             info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o644, now
+            info.size, info.mode, info.mtime = len(data), mode, now
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
@@ -220,10 +220,13 @@ class DockerSandbox(Sandbox):
         self._put("/", buf.getvalue())
 
     # --- primitives -----------------------------------------------------------------------------
-    def _exec_raw(self, argv, timeout, max_output=DEFAULT_MAX_OUTPUT, env=None, workdir="/") -> Result:
-        """exec in the container under `timeout -s KILL` (which kills the command's whole group)."""
+    def _exec_raw(
+        self, argv, timeout, max_output=DEFAULT_MAX_OUTPUT, env=None, workdir="/", plain=False
+    ) -> Result:
+        """exec in the container under `timeout -s KILL` (which kills the command's whole group);
+        `plain`: only `env` on top of the image's own environment."""
         api = self.client.api
-        env = {"LANG": "C.UTF-8", **BASE_ENV, **(env or {})}
+        env = {**({} if plain else {"LANG": "C.UTF-8", **BASE_ENV}), **(env or {})}
         # stderr joins stdout inside the container: docker ships the two streams separately and
         # their interleaving would otherwise depend on timing, not on the order they were written.
         wrapped = ["sh", "-c", GROUP_WRAPPER, "sh", f"{max(timeout, 0.001):.3f}", *argv]
@@ -249,6 +252,24 @@ class DockerSandbox(Sandbox):
             return self._exec_raw(argv, timeout, max_output, env, workdir=self.workdir)
         except self._errors.DockerException as e:  # e.g. the container died
             raise SandboxError(f"docker: {_first_line(e)}") from None
+
+    def _exec_plain(self, argv, timeout, path) -> Result:
+        self._check_open()
+        try:
+            return self._exec_raw(argv, timeout, env={"PATH": path}, workdir=self.workdir, plain=True)
+        except self._errors.DockerException as e:
+            raise SandboxError(f"docker: {_first_line(e)}") from None
+
+    def _put_executable(self, path: str, data: bytes) -> None:
+        parent, name = posixpath.split(path)
+        self._exec_raw(["mkdir", "-p", parent], 60)
+        self._put(parent, _tar({name: data}, mode=0o755))
+
+    def _prepare_commands(self) -> None:
+        self._exec_raw(["sh", "-c", commands.LINK_TASK_VENV], 60)
+        if self.task_python is None:  # the link may have just made it
+            task = self._exec_raw(["sh", "-c", f"{TASK_PYTHON} -c 'print(1)'"], 60)
+            self.task_python = TASK_PYTHON if task.exit_code == 0 and task.output.strip() == "1" else None
 
     def _put(self, dest_dir: str, data: bytes) -> None:
         if not self.container.put_archive(dest_dir, data):

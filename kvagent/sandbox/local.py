@@ -79,6 +79,7 @@ class LocalSandbox(Sandbox):
             self.workdir = os.path.join(self.root, "repo")
             self.state_dir = os.path.join(self.root, "state")
             self.tools_dir = os.path.join(self.root, "tools")
+            self.commands_dir = os.path.join(self.tools_dir, "bin")  # installed commands (visible read-only)
             os.makedirs(self.state_dir)
             os.makedirs(os.path.join(self.root, "home"))
             shutil.copytree(TOOLS_SRC, self.tools_dir, ignore=shutil.ignore_patterns("__pycache__"))
@@ -136,7 +137,9 @@ class LocalSandbox(Sandbox):
             wrap.append("--unshare-net")
         return [*wrap, "--chdir", self.workdir, "--", *argv]
 
-    def _env(self, extra: dict | None) -> dict:
+    def _env(self, extra: dict | None, plain: bool = False) -> dict:
+        if plain:  # PATH alone (as R2E-Gym's runtime), and the marker the reaper needs
+            return {**(extra or {}), reaper.MARKER: self.root}
         path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
         if self.bwrap:
             path = mounts.visible_path(path, [*mounts.interpreter_prefixes(), *self.bind, *self.bind_rw])
@@ -156,15 +159,33 @@ class LocalSandbox(Sandbox):
         env[reaper.MARKER] = self.root
         return env
 
+    def _exec_plain(self, argv: list[str], timeout: float, path: str) -> Result:
+        return self._exec(argv, timeout, env={"PATH": path}, plain=True)
+
+    def _command_path(self) -> str:
+        # the commands' dir first, then what the sandbox's own commands see
+        return os.pathsep.join([self.commands_dir, self._env(None)["PATH"]])
+
+    def _put_executable(self, path: str, data: bytes) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)  # under the ro-bound tools dir: host-side
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chmod(path, 0o755)
+
     def _exec(
-        self, argv: list[str], timeout: float, max_output: int = DEFAULT_MAX_OUTPUT, env: dict | None = None
+        self,
+        argv: list[str],
+        timeout: float,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        env: dict | None = None,
+        plain: bool = False,
     ) -> Result:
         self._check_open()
         start = time.monotonic()
         proc = subprocess.Popen(
             self._argv(argv),
             cwd=self.workdir,
-            env=self._env(env),
+            env=self._env(env, plain),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

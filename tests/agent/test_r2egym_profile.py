@@ -58,6 +58,13 @@ class Env:
         self.calls.append((name, dict(params)))
         return Res(0, self.output)
 
+    def install_commands(self, scripts):  # --r2egym: the checkout's tools
+        self.calls.append(("install", sorted(scripts)))
+
+    def run_command(self, cmd, timeout=90):
+        self.calls.append(("command", cmd))
+        return Res(0, self.output)
+
     def diff(self):
         return ""
 

@@ -44,6 +44,35 @@ STRINGS = {
 }
 
 
+# Stand-in tools in R2E-Gym's layout (the files its prompt file lists), our own tiny scripts: each
+# prints a line no kvagent tool prints, its name and its arguments, so a test can tell who ran.
+TOOL_FILES = {
+    "tools/r2egym/file_editor.py": "#!/usr/bin/env python3",
+    "tools/search.py": "#!/root/.venv/bin/python",  # R2E-Gym's interpreter: absent outside its images
+    "tools/r2egym/execute_bash.py": "#!/usr/bin/env python3",
+    "tools/finish.py": "#!/root/.venv/bin/python",
+}
+TOOL_BODY = """
+import argparse, subprocess, sys
+parser = argparse.ArgumentParser()
+parser.add_argument("command", nargs="?")
+parser.add_argument("--cmd")
+parser.add_argument("--path")
+parser.add_argument("--search_term")
+args = parser.parse_args()
+print("FIXTURE-TOOL", sys.argv[0].rsplit("/", 1)[-1], sys.argv[1:], flush=True)
+if args.cmd:
+    sys.exit(subprocess.call(args.cmd, shell=True))
+"""
+
+
+def make_tools(hub: Path, files: dict[str, str] = TOOL_FILES) -> list[str]:
+    for rel, shebang in files.items():
+        (hub / rel).parent.mkdir(parents=True, exist_ok=True)
+        (hub / rel).write_text(shebang + "\n" + TOOL_BODY)
+    return [f"./src/r2egym/agenthub/{rel}" for rel in files]
+
+
 def make_checkout(root: Path, layout: str = "config/r2egym", **changes: str) -> Path:
     s = {**STRINGS, **changes}
     hub = root / "src" / "r2egym" / "agenthub"
@@ -65,7 +94,7 @@ def make_checkout(root: Path, layout: str = "config/r2egym", **changes: str) -> 
         "system_prompt": s["SYSTEM"],
         "instance_prompt": s["INSTANCE"],
         "llm_name": "x",
-        "command_files": [],
+        "command_files": make_tools(hub),
     }
     (hub / layout / "edit_non_fn_calling.yaml").write_text(yaml.safe_dump(prompt))
     return root
