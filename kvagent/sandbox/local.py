@@ -82,6 +82,7 @@ class LocalSandbox(Sandbox):
             self.commands_dir = os.path.join(self.tools_dir, "bin")  # installed commands (visible read-only)
             os.makedirs(self.state_dir)
             os.makedirs(os.path.join(self.root, "home"))
+            os.makedirs(os.path.join(self.root, mounts.VAR_TMP))
             shutil.copytree(TOOLS_SRC, self.tools_dir, ignore=shutil.ignore_patterns("__pycache__"))
             self.tool_python = sys.executable
             self.copy_note = copy_repo(src, Path(self.workdir))

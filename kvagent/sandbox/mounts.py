@@ -16,6 +16,7 @@ from kvagent.sandbox.errors import SandboxError
 
 # Top-level entries of / that programs need; each is bound read-only (or re-made as the same
 # symlink, for merged-/usr systems where /bin -> usr/bin).
+VAR_TMP = "var-tmp"  # in the sandbox dir, shown at /var/tmp
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # Entries of /etc left out by name: password hashes, host keys, who may sudo, the Docker daemon's
 # config and keys; no command of an agent needs them. Anything not world-readable is left out too.
@@ -138,6 +139,9 @@ def layout(root: str, tools_dir: str, bind: tuple[str, ...] = (), bind_rw: tuple
     for path in bind_rw:
         args += ["--bind", path, path]
     args += ["--bind", root, root, "--ro-bind", tools_dir, tools_dir]
+    # The sandbox's own /var/tmp, kept across its commands as a container's is (R2E-Gym's editor
+    # keeps its undo history in /var/tmp/editor_state.json).
+    args += ["--bind", os.path.join(root, VAR_TMP), "/var/tmp"]
     for path in [*readonly, "/"]:
         args += ["--remount-ro", path]
     return args

@@ -59,8 +59,11 @@ def test_planted_secrets_are_unreadable_and_never_reach_the_diff(repo, secrets):
 
 def test_host_private_places_are_absent(repo):
     with open_sandbox("local", repo=repo, isolation="bwrap") as sb:
-        for path in ("/etc/shadow", "/etc/gshadow", "/etc/ssh", *SOCKETS, "/home", "/var", "/run"):
+        for path in ("/etc/shadow", "/etc/gshadow", "/etc/ssh", *SOCKETS, "/home", "/var/run", "/run"):
             assert sb.run(f"ls -d {path}", timeout=30).exit_code != 0, f"{path} is visible in the sandbox"
+        assert (
+            sb.run("ls -A /var /var/tmp", timeout=30).output == "/var:\ntmp\n\n/var/tmp:\n"
+        )  # its own, empty
         r = sb.run("ls -A /root", timeout=30)
         # At most the path down to the interpreter's prefix (e.g. /root/.pyenv/versions/X).
         prefixes = [p for p in local_backend.mounts.interpreter_prefixes() if p.startswith("/root/")]

@@ -130,3 +130,9 @@ def test_a_prompt_file_without_the_protocols_tools_is_refused(tmp_path):
     prompt.write_text("system_prompt: x\ninstance_prompt: '{problem_statement}'\n")
     with pytest.raises(ConfigError, match="lists no command_files"):
         AgentConfig(scaffold="r2egym", r2egym_path=str(checkout))
+
+
+def test_var_tmp_is_the_sandboxs_own_and_lasts_across_commands(sb):
+    """R2E-Gym's editor keeps its undo history in /var/tmp between calls, as a container's /var/tmp."""
+    sb.run_command("sh -c 'echo kept > /var/tmp/editor_state.json'")
+    assert sb.run_command("cat /var/tmp/editor_state.json").output == "kept\n"
