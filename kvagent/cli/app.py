@@ -16,40 +16,23 @@ from kvagent.cli.app_serve import serve
 from kvagent.cli.params import (
     AGENT_MODEL,
     BENCH_MODEL,
-    Budget,
-    Buffer,
-    Cadence,
-    ContextLimit,
     Device,
     Dtype,
-    Framework,
-    HeadBudget,
-    History,
     Isolation,
-    MaxNewTokens,
-    MaxSteps,
-    Mode,
     Model,
     Network,
-    PatchRule,
-    Policy,
-    PolicyArg,
-    Prompts,
-    PromptStyle,
-    Protect,
     Quiet,
-    R2EGym,
-    Scaffold,
-    Scope,
-    Seed,
-    Temperature,
-    TopK,
-    TopP,
-    Window,
-    agent_args,
-    cache_args,
     run_app,
     user_errors,
+)
+from kvagent.cli.settings import (
+    AGENT,
+    FROM_OPTIONS,
+    ONE_RUN,
+    AgentOptions,
+    CacheOptions,
+    agent_options,
+    cache_options,
 )
 
 app = typer.Typer(
@@ -89,10 +72,11 @@ def _root(
 # ----------------------------------------------------------------------------- commands
 @app.command()
 @user_errors
+@cache_options(tokens=["budget"], budget=512)
 def demo(
     model: Model = BENCH_MODEL,
     out: Annotated[str, typer.Option(help="Directory for the results.")] = "demo-out",
-    budget: Annotated[int, typer.Option(help="K: entries per head kept at each eviction round.")] = 512,
+    cache: CacheOptions = FROM_OPTIONS,
     turns: Annotated[int, typer.Option(help="Tool calls in the generated episode.")] = 12,
     seed: Annotated[int, typer.Option(help="Episode seed (same seed, same token stream).")] = 0,
     quiet: Quiet = False,
@@ -102,44 +86,23 @@ def demo(
     """The main job on the bundled small model: compare eviction policies on a coding-agent episode."""
     from kvagent.cli.demo import run_demo
 
-    run_demo(model=model, out=out, budget=budget, turns=turns, seed=seed, progress=not quiet,
+    run_demo(model=model, out=out, budget=cache.budget, turns=turns, seed=seed, progress=not quiet,
              device=device, dtype=dtype)  # fmt: skip
 
 
 @app.command()
 @user_errors
+@cache_options(ONE_RUN)
+@agent_options(*AGENT)
 def solve(
-    ctx: typer.Context,
     issue: Annotated[str, typer.Option(help="The issue text, or a file holding it.")],
     repo: Annotated[
         str | None, typer.Option(help="Local repository (copied; never edited in place).")
     ] = None,
     image: Annotated[str | None, typer.Option(help="Docker image with the repository at /testbed.")] = None,
     model: Model = AGENT_MODEL,
-    policy: Policy = "full",
-    budget: Budget = None,
-    buffer: Buffer = 128,
-    mode: Mode = "persistent",
-    scope: Scope = "prefill+decode",
-    protect: Protect = "prompt",
-    window: Window = 16,
-    seed: Seed = 0,
-    policy_arg: PolicyArg = None,
-    head_budget: HeadBudget = "uniform",
-    framework: Framework = "recent-buffer",
-    cadence: Cadence = "layer",
-    max_steps: MaxSteps = 100,
-    max_new_tokens: MaxNewTokens = None,
-    context_limit: ContextLimit = 65_536,
-    temperature: Temperature = 1.0,
-    prompt_style: PromptStyle = "repo_first",
-    prompts: Prompts = None,
-    r2egym: R2EGym = None,
-    scaffold: Scaffold = "kvagent",
-    history: History = None,
-    patch_rule: PatchRule = None,
-    top_p: TopP = None,
-    top_k: TopK = None,
+    cache: CacheOptions = FROM_OPTIONS,
+    agent: AgentOptions = FROM_OPTIONS,
     out: Annotated[
         str | None,
         typer.Option(help="Directory for episode.traj.json and patch.diff (default runs/solve-TIME)."),
@@ -155,45 +118,24 @@ def solve(
     run_solve(
         issue=issue, repo=repo, image=image, model=model, out=out, device=device, dtype=dtype, isolation=isolation,
         network=network,
-        cache={**cache_args(ctx.params), "policy_arg": policy_arg},
-        agent=agent_args(ctx.params),
+        cache=cache, agent=agent.fixed(seed=cache.seed),
     )  # fmt: skip
 
 
 @app.command()
 @user_errors
+@cache_options(ONE_RUN)
+@agent_options(*(name for name in AGENT if name != "patch_rule"))
 def chat(
-    ctx: typer.Context,
     repo: Annotated[
         str, typer.Option(help="Local repository (copied; never edited in place); default: this directory.")
     ] = ".",
     model: Model = AGENT_MODEL,
-    policy: Policy = "full",
-    budget: Budget = None,
-    buffer: Buffer = 128,
-    mode: Mode = "persistent",
-    scope: Scope = "prefill+decode",
-    protect: Protect = "prompt",
-    window: Window = 16,
-    seed: Seed = 0,
-    policy_arg: PolicyArg = None,
-    head_budget: HeadBudget = "uniform",
-    framework: Framework = "recent-buffer",
-    cadence: Cadence = "layer",
+    cache: CacheOptions = FROM_OPTIONS,
     approval: Annotated[
         str, typer.Option(help="confirm: a key (y/n/q) before each tool call; yolo: run all.")
     ] = "confirm",
-    max_steps: MaxSteps = 100,
-    max_new_tokens: MaxNewTokens = None,
-    context_limit: ContextLimit = 65_536,
-    temperature: Temperature = 1.0,
-    prompt_style: PromptStyle = "repo_first",
-    prompts: Prompts = None,
-    r2egym: R2EGym = None,
-    scaffold: Scaffold = "kvagent",
-    history: History = None,
-    top_p: TopP = None,
-    top_k: TopK = None,
+    agent: AgentOptions = FROM_OPTIONS,
     device: Device = "auto",
     dtype: Dtype = "auto",
     isolation: Isolation = "bwrap",
@@ -203,8 +145,7 @@ def chat(
 
     run_chat(
         repo=repo, model=model, approval=approval, device=device, dtype=dtype, isolation=isolation,
-        cache={**cache_args(ctx.params), "policy_arg": policy_arg},
-        agent=agent_args(ctx.params),
+        cache=cache, agent=agent.fixed(seed=cache.seed),
     )  # fmt: skip
 
 

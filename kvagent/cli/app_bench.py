@@ -6,22 +6,8 @@ from typing import Annotated
 
 import typer
 
-from kvagent.cli.params import (
-    BENCH_MODEL,
-    Budgets,
-    Buffer,
-    Device,
-    Dtype,
-    Framework,
-    Model,
-    Modes,
-    Policies,
-    PolicyArg,
-    Quiet,
-    ReusePrefix,
-    Window,
-    user_errors,
-)
+from kvagent.cli.params import BENCH_MODEL, Device, Dtype, Model, Quiet, ReusePrefix, user_errors
+from kvagent.cli.settings import FROM_OPTIONS, CacheOptions, cache_options
 
 bench_app = typer.Typer(
     help="Benchmarks of eviction policies: fidelity to the full cache, the policy study, speed and memory.",
@@ -31,14 +17,15 @@ bench_app = typer.Typer(
 
 @bench_app.command("fidelity")
 @user_errors
+@cache_options(
+    ["buffer", "window", "seed", "policy_args"],
+    many=["policy", "mode", "budget", "scope", "protect", "head_budget", "framework", "cadence"],
+    policies="random,snapkv,h2o,streaming,pyramidkv,nexus", modes="persistent,reprefill", budgets="1536,2048",
+    scopes="prefill+decode",
+)  # fmt: skip
 def bench_fidelity(
-    ctx: typer.Context,
     model: Model = BENCH_MODEL,
-    policies: Policies = "random,snapkv,h2o,streaming,pyramidkv,nexus",
-    modes: Modes = "persistent,reprefill",
-    budgets: Budgets = "1536,2048",
-    scopes: Annotated[str, typer.Option(help="Comma list: prefill, prefill+decode.")] = "prefill+decode",
-    protect: Annotated[str, typer.Option(help="Comma list: prompt, sink, none.")] = "prompt",
+    cache: CacheOptions = FROM_OPTIONS,
     episodes: Annotated[
         list[str],
         typer.Option(
@@ -52,10 +39,6 @@ def bench_fidelity(
             help="Directory for fidelity.json / .md / .png (resumable; several processes may share it)."
         ),
     ] = "bench-out",
-    buffer: Buffer = 128,
-    window: Window = 16,
-    seed: Annotated[int, typer.Option(help="Session seed (random draws of the policies).")] = 0,
-    policy_arg: PolicyArg = None,
     max_tokens: Annotated[
         int | None,
         typer.Option(
@@ -65,33 +48,15 @@ def bench_fidelity(
     quiet: Quiet = False,
     device: Device = "auto",
     dtype: Dtype = "auto",
-    head_budget: Annotated[
-        str,
-        typer.Option(
-            help="Comma list: uniform (K per KV head), adaptive (Ada-KV; run for the policies that support "
-            "it, shown as POLICY+adaptive)."
-        ),
-    ] = "uniform",
-    framework: Annotated[
-        str,
-        typer.Option(
-            help="Comma list: recent-buffer (the papers': the newest r entries never scored), topk-all "
-            "(kvagent's before)."
-        ),
-    ] = "recent-buffer",
-    cadence: Annotated[
-        str,
-        typer.Option(
-            help="Comma list: layer (each layer's round at its own trigger), shared (once a layer is due, "
-            "every layer over K + r cuts too; differs where layers hold different counts, as pyramidkv's)."
-        ),
-    ] = "layer",
     reuse_prefix: ReusePrefix = True,
 ) -> None:
     """Replay agent episodes under each policy and compare with the full cache."""
     from kvagent.cli.bench import run_fidelity_bench
 
-    run_fidelity_bench(**ctx.params)  # its other cache options are swept (`--head-budget uniform,adaptive`)
+    run_fidelity_bench(
+        model=model, cache=cache, episodes=episodes, out=out, max_tokens=max_tokens, quiet=quiet, device=device,
+        dtype=dtype, reuse_prefix=reuse_prefix,
+    )  # fmt: skip
 
 
 @bench_app.command("study")
@@ -158,18 +123,16 @@ def bench_study(
 
 @bench_app.command("speed")
 @user_errors
+@cache_options(
+    ["buffer", "framework", "policy_args"], many=["policy"], tokens=["budget"],
+    policies="full,random,streaming,snapkv,h2o,pyramidkv,nexus", budget=1024,
+)  # fmt: skip
 def bench_speed(
     model: Model = BENCH_MODEL,
-    policies: Policies = "full,random,streaming,snapkv,h2o,pyramidkv,nexus",
+    cache: CacheOptions = FROM_OPTIONS,
     lengths: Annotated[
         str, typer.Option(help="Comma list of logical lengths for decode latency.")
     ] = "1024,4096,8192",
-    budget: Annotated[
-        int, typer.Option(help="K for the evicting policies (a multiple of their block).")
-    ] = 1024,
-    buffer: Buffer = 128,
-    framework: Framework = "recent-buffer",
-    policy_arg: PolicyArg = None,
     steps: Annotated[
         int, typer.Option(help="Decode steps timed at each length (>= r, so rounds are included).")
     ] = 256,
@@ -185,9 +148,9 @@ def bench_speed(
     from kvagent.cli.bench import run_speed_bench
 
     run_speed_bench(
-        model=model, policies=policies, lengths=lengths, budget=budget, buffer=buffer,
-        policy_arg=policy_arg, steps=steps, episode=episode, device=device, dtype=dtype, out=out,
-        quiet=quiet, framework=framework,
+        model=model, policies=cache.policies, lengths=lengths, budget=cache.budget, buffer=cache.buffer,
+        policy_arg=cache.policy_arg, steps=steps, episode=episode, device=device, dtype=dtype, out=out,
+        quiet=quiet, framework=cache.framework,
     )  # fmt: skip
 
 

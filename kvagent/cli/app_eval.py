@@ -10,40 +10,17 @@ import typer
 
 from kvagent.cli.params import (
     AGENT_MODEL,
-    Budgets,
-    Buffer,
-    Cadence,
-    ContextLimit,
     Device,
     Dtype,
-    Framework,
-    HeadBudget,
-    History,
     Instances,
     Isolation,
-    MaxNewTokens,
-    MaxSteps,
     Model,
-    Modes,
     Network,
-    PatchRule,
-    Policies,
-    PolicyArg,
-    Prompts,
-    Protect,
-    R2EGym,
-    Scaffold,
-    Scope,
     Split,
-    Temperature,
-    TopK,
-    TopP,
-    Window,
-    agent_args,
-    cache_args,
     fail,
     user_errors,
 )
+from kvagent.cli.settings import AGENT, FROM_OPTIONS, AgentOptions, CacheOptions, agent_options, cache_options
 
 
 def _grid_file(ctx: typer.Context, value: str | None) -> str | None:
@@ -65,24 +42,18 @@ def _grid_file(ctx: typer.Context, value: str | None) -> str | None:
 
 
 @user_errors
+@cache_options(
+    ["buffer", "scope", "protect", "window", "head_budget", "framework", "cadence", "policy_args"],
+    many=["policy", "mode", "budget", "seed"],
+    policies="full,random,nexus", modes="persistent,reprefill", budgets="1024", seeds="0",
+)  # fmt: skip
+@agent_options(*(name for name in AGENT if name != "prompt_style"))
 def eval_(
-    ctx: typer.Context,
     dataset: Annotated[str, typer.Option(help="SWE-bench instances: .json/.jsonl/.parquet file or HF name.")],
     split: Split = "test",
     instances: Instances = None,
-    policies: Policies = "full,random,nexus",
-    modes: Modes = "persistent,reprefill",
-    budgets: Budgets = "1024",
-    seeds: Annotated[str, typer.Option(help="Comma list of seeds (Pass@1 averages over them).")] = "0",
+    cache: CacheOptions = FROM_OPTIONS,
     model: Model = AGENT_MODEL,
-    buffer: Buffer = 128,
-    scope: Scope = "prefill+decode",
-    protect: Protect = "prompt",
-    window: Window = 16,
-    head_budget: HeadBudget = "uniform",
-    framework: Framework = "recent-buffer",
-    cadence: Cadence = "layer",
-    policy_arg: PolicyArg = None,
     env: Annotated[
         str, typer.Option(help="docker (instance images) or local (--repos checkouts).")
     ] = "docker",
@@ -106,17 +77,7 @@ def eval_(
             callback=_grid_file,
         ),
     ] = None,
-    max_steps: MaxSteps = 100,
-    max_new_tokens: MaxNewTokens = None,
-    context_limit: ContextLimit = 65_536,
-    temperature: Temperature = 1.0,
-    prompts: Prompts = None,
-    r2egym: R2EGym = None,
-    scaffold: Scaffold = "kvagent",
-    history: History = None,
-    patch_rule: PatchRule = None,
-    top_p: TopP = None,
-    top_k: TopK = None,
+    agent: AgentOptions = FROM_OPTIONS,
     network: Network = "none",
     out: Annotated[str, typer.Option(help="Run directory (resumable).")] = "runs/eval",
     device: Device = "auto",
@@ -157,15 +118,23 @@ def eval_(
         from kvagent.cli.eval import run_eval
 
         run_eval = partial(run_eval, isolation=isolation, network=network)
+    from kvagent.cli.eval import EvalSweep
 
-    run_eval(
-        dataset=dataset, split=split, instances=instances, policies=policies, modes=modes,
-        budgets=budgets, seeds=seeds, model=model, policy_arg=policy_arg, env=env, repos=repos,
-        grade=grade, out=out, device=device, dtype=dtype, grid=dict(ctx.params),
+    # The options as given, recorded as OUT/grid.yaml (`--config` reads it back).
+    grid = {
+        "dataset": dataset, "split": split, "instances": instances, **cache.given(), "model": model,
+        "env": env, "repos": repos, "grade": grade, "concurrency": concurrency, "workers": workers,
+        "config": config, **agent.given(), "network": network, "out": out, "device": device, "dtype": dtype,
+        "ray": ray, "engines": engines, "image_registry": image_registry, "isolation": isolation,
+    }  # fmt: skip
+    sweep = EvalSweep(
+        dataset=dataset, split=split, instances=instances, cache=cache, out=out,
+        agent=agent.fixed(prompt_style="repo_first", seed=0),
         concurrency=concurrency if workers is None else workers,
-        cache_options=cache_args(ctx.params),  # buffer, scope, protect, window, ...: one value each
-        agent=agent_args(ctx.params, prompt_style="repo_first", seed=0),
     )  # fmt: skip
+    run_eval(
+        model=model, env=env, repos=repos, grade=grade, device=device, dtype=dtype, grid=grid, sweep=sweep
+    )
 
 
 @user_errors

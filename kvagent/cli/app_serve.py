@@ -7,44 +7,15 @@ from typing import Annotated
 
 import typer
 
-from kvagent.cli.params import (
-    AGENT_MODEL,
-    Budget,
-    Buffer,
-    Cadence,
-    Device,
-    Dtype,
-    Framework,
-    HeadBudget,
-    Mode,
-    Model,
-    Policy,
-    PolicyArg,
-    Protect,
-    Scope,
-    Seed,
-    Window,
-    cache_args,
-    user_errors,
-)
+from kvagent.cli.params import AGENT_MODEL, Device, Dtype, Model, user_errors
+from kvagent.cli.settings import FROM_OPTIONS, ONE_RUN, CacheOptions, cache_options
 
 
 @user_errors
+@cache_options(ONE_RUN)
 def serve(
-    ctx: typer.Context,
     model: Model = AGENT_MODEL,
-    policy: Policy = "full",
-    budget: Budget = None,
-    buffer: Buffer = 128,
-    mode: Mode = "persistent",
-    scope: Scope = "prefill+decode",
-    protect: Protect = "prompt",
-    window: Window = 16,
-    seed: Seed = 0,
-    policy_arg: PolicyArg = None,
-    head_budget: HeadBudget = "uniform",
-    framework: Framework = "recent-buffer",
-    cadence: Cadence = "layer",
+    cache: CacheOptions = FROM_OPTIONS,
     max_batch: Annotated[
         int, typer.Option(help="Sessions whose forwards one batch joins (and requests run at once).")
     ] = 8,
@@ -80,5 +51,5 @@ def serve(
         model=model, max_batch=max_batch, kv_memory=kv_memory, host=host, port=port, max_queue=max_queue,
         max_sessions=max_sessions, drain_timeout=drain_timeout, served_model_name=served_model_name,
         device=device, dtype=dtype, log_level=log_level,
-        cache={**cache_args(ctx.params), "policy_arg": policy_arg},
+        cache=cache,
     )  # fmt: skip

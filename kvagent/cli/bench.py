@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvagent.cli.common import check_out_dir, load_engine, resume_hint
+from kvagent.cli.settings import CacheOptions
 from kvagent.errors import ConfigError
 from kvagent.options import parse_budgets, parse_policy_args, split_list
 
@@ -39,12 +40,16 @@ def _check_context(streams, limit: int | None, model: str) -> None:
             )
 
 
+# bench fidelity's cache fields with one value, or a list of their own; the rest it takes are axes.
+_ONE_OR_LISTED = ("buffer", "window", "seed", "protect")
+
+
 def run_fidelity_bench(
-    *, model, policies, modes, budgets, scopes, protect, episodes, out, buffer, window, seed, policy_arg,
-    max_tokens, quiet, device="auto", dtype="auto", reuse_prefix=True, **axes,
+    *, model, cache: CacheOptions, episodes, out, max_tokens, quiet, device="auto", dtype="auto", reuse_prefix=True,
 ) -> list[dict]:  # fmt: skip
-    """`axes`: the command's other cache options, each a comma list of one CacheConfig field's values
-    (`--head-budget uniform,adaptive`); each value runs for the policies that accept it."""
+    """`cache`: the lists to sweep (policies, modes, budgets, scopes, protect), one buffer, window and
+    seed, and each other cache field it takes as a comma list of values (`--head-budget
+    uniform,adaptive`): each value runs for the policies that accept it."""
     from kvagent.bench.fidelity import make_grid, run_fidelity
     from kvagent.bench.sources import load_episodes
     from kvagent.bench.stream import build_stream
@@ -53,20 +58,21 @@ def run_fidelity_bench(
 
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"max-tokens: must be >= 1, got {max_tokens}")
-    names = split_list(policies, "policies")
+    names = split_list(cache.policies, "policies")
+    axes = {k: text for k, text in cache.fields().items() if k not in _ONE_OR_LISTED}
     swept = {
         k: [_setting_value(k, v) for v in split_list(text, k.replace("_", "-"))] for k, text in axes.items()
     }
-    args = parse_policy_args(policy_arg, names)
+    args = parse_policy_args(cache.policy_arg, names)
     grid = make_grid(
         names,
-        split_list(modes, "modes"),
-        split_list(scopes, "scopes"),
-        parse_budgets(budgets),
-        split_list(protect, "protect"),
-        buffer=buffer,
-        window=window,
-        seed=seed,
+        split_list(cache.modes, "modes"),
+        split_list(cache.scopes, "scopes"),
+        parse_budgets(cache.budgets),
+        split_list(cache.protect, "protect"),
+        buffer=cache.buffer,
+        window=cache.window,
+        seed=cache.seed,
         policy_args=args,
         axes=swept,
     )

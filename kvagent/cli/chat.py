@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from kvagent.agent.config import AgentConfig
 from kvagent.agent.loop import INTERRUPTED, AgentEvent, Turn
 from kvagent.agent.parser import ToolCall
 from kvagent.agent.tools import FINISH_TOOL
+from kvagent.cli.settings import AgentOptions, CacheOptions
 from kvagent.cli.ui import cache_status, trim_lines
 from kvagent.errors import ConfigError, KvagentError, Terminated
 
@@ -329,8 +330,8 @@ def run_chat(
     *,
     repo: str = ".",
     model: str,
-    cache: dict[str, Any],
-    agent: dict[str, Any],
+    cache: CacheOptions | Mapping[str, Any],
+    agent: AgentOptions | Mapping[str, Any],
     approval: str = "confirm",
     device: str = "auto",
     dtype: str = "auto",
@@ -340,12 +341,13 @@ def run_chat(
     """`kvagent chat`: validate, load the model, copy the repository (default: the current directory)
     into a sandbox, then chat."""
     from kvagent.cli import environments
-    from kvagent.cli.common import agent_config, cache_config, load_engine, sandbox_workdir
+    from kvagent.cli.common import load_engine, sandbox_workdir
+    from kvagent.cli.settings import agent_config_of, cache_config_of
     from kvagent.cli.solve import check_before_sandbox, sandbox_spec
     from kvagent.runspec import RunSpec
     from kvagent.sandbox import open_sandbox
 
-    cfg, config = cache_config(**cache), agent_config(**agent)
+    cfg, config = cache_config_of(cache), agent_config_of(agent)
     if approval not in APPROVALS:
         raise ConfigError(f"approval: got {approval!r}; choose one of {', '.join(APPROVALS)}")
     spec = environments.with_isolation(sandbox_spec(repo, None), isolation)

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from kvagent.cli.common import agent_config, check_out_dir, load_engine, parse_seeds, sandbox_workdir
+from kvagent.cli.common import check_out_dir, load_engine, parse_seeds, sandbox_workdir
+from kvagent.cli.settings import AgentOptions, CacheOptions
 from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.datasets import Instance
 from kvagent.evals.runner import EvalRun, EvalRunner, load_records, plan_runs
@@ -221,10 +222,10 @@ def run_eval(
     isolation: str = "bwrap",
     network: str = "none",
     grid: Mapping[str, Any] | None = None,
-    **sweep: Any,
+    sweep: EvalSweep,
 ) -> dict[str, Any]:
-    """`sweep`: `plan_eval`'s settings (dataset ... out, concurrency). `grid`: the command's settings,
-    recorded as OUT/grid.yaml."""
+    """`sweep`: what runs (`plan_eval`). `grid`: the command's options as given, recorded as
+    OUT/grid.yaml."""
     from kvagent.cli import environments
     from kvagent.evals.preflight import check_grid
 
@@ -235,7 +236,7 @@ def run_eval(
         raise KvagentError("eval: --env local needs --repos DIR holding one checkout per instance id")
     environments.check_isolation(isolation)
     network_on = environments.check_network(network, env)
-    plan = plan_eval(console=console, **sweep)
+    plan = plan_eval(sweep, console)
     agent_cfg, selected, runs, run_dir, done, left = (
         plan.agent_config, plan.selected, plan.runs, plan.run_dir, plan.done, plan.left
     )  # fmt: skip
@@ -304,24 +305,38 @@ class EvalPlan:
     concurrency: int
 
 
-def plan_eval(*, dataset, split, instances, policies, modes, budgets, seeds, cache_options, policy_arg,
-              agent, out, console, concurrency=1) -> EvalPlan:  # fmt: skip
+@dataclass(frozen=True)
+class EvalSweep:
+    """What `kvagent eval` runs: the instances, the cache options (its lists and one value of each
+    other field), the agent options, where results go and how many episodes run at once."""
+
+    dataset: str
+    split: str
+    instances: str | None
+    cache: CacheOptions
+    agent: AgentOptions
+    out: str
+    concurrency: int = 1
+
+
+def plan_eval(sweep: EvalSweep, console) -> EvalPlan:
     """The sweep's runs and what is left of them. Bad policy names, options, budgets or sampling fail
     here, before a model loads or a run starts (local and Ray evals alike)."""
     from kvagent.evals.datasets import load_instances
     from kvagent.evals.preflight import check_sampling
 
+    cache, concurrency = sweep.cache, sweep.concurrency
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"concurrency: must be an int >= 1 (episodes at once), got {concurrency!r}")
-    names = split_list(policies, "policies")
-    seed_list, budget_list = parse_seeds(seeds), parse_budgets(budgets)
-    agent_cfg = agent_config(**agent)
-    args = parse_policy_args(policy_arg, names)
-    selected = load_instances(dataset, split=split, select=instances)
-    runs = plan_runs([i.instance_id for i in selected], names, split_list(modes, "modes"), budget_list,
-                     seed_list, policy_args=args, **cache_options)  # fmt: skip
+    names = split_list(cache.policies, "policies")
+    seed_list, budget_list = parse_seeds(cache.seeds), parse_budgets(cache.budgets)
+    agent_cfg = sweep.agent.config()
+    args = parse_policy_args(cache.policy_arg, names)
+    selected = load_instances(sweep.dataset, split=sweep.split, select=sweep.instances)
+    runs = plan_runs([i.instance_id for i in selected], names, split_list(cache.modes, "modes"), budget_list,
+                     seed_list, policy_args=args, **cache.fields())  # fmt: skip
     check_sampling(agent_cfg, runs)
-    run_dir = Path(out)
+    run_dir = Path(sweep.out)
     done = load_records(run_dir)
     left = [r for r in runs if r.run_id not in done]
     console.print(f"{len(runs)} runs planned, {len(runs) - len(left)} already finished in {run_dir}")

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -20,6 +20,9 @@ from kvagent.agent.config import AgentConfig
 from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.datasets import Instance
 from kvagent.evals.runner import EvalRun, EvalRunner
+
+if TYPE_CHECKING:  # the workers never import the command's planning
+    from kvagent.cli.eval import EvalSweep
 
 
 @dataclass
@@ -200,10 +203,10 @@ def run_eval_ray(
     image_registry: str | None = None,
     grid: Mapping[str, Any] | None = None,
     console: Console | None = None,
-    **sweep: Any,
+    sweep: EvalSweep,
 ) -> dict[str, Any]:
-    """`kvagent eval`'s planning, checks, records and report (kvagent.cli.eval), its episodes on Ray.
-    `sweep`: `plan_eval`'s settings (dataset ... out, concurrency)."""
+    """`kvagent eval`'s planning, checks, records and report (kvagent.cli.eval), its episodes on Ray:
+    `sweep` is what runs."""
     from kvagent.cli.common import check_out_dir
     from kvagent.cli.eval import finish_eval, plan_eval, write_grid
     from kvagent.evals.distributed import RayExecutor
@@ -215,7 +218,7 @@ def run_eval_ray(
         raise ConfigError(f"env: got {env!r}; choose docker or local")
     if env == "local" and not repos:
         raise ConfigError("eval: --env local needs --repos DIR holding one checkout per instance id")
-    plan = plan_eval(console=console, **sweep)
+    plan = plan_eval(sweep, console)
     agent_cfg, selected, runs, run_dir, done, left = (
         plan.agent_config, plan.selected, plan.runs, plan.run_dir, plan.done, plan.left
     )  # fmt: skip

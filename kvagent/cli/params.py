@@ -94,54 +94,7 @@ def os_error_line(e: OSError) -> str:
 Model = Annotated[str, typer.Option(help="smollm2 (bundled), tiny-random-qwen3, a hub id, a dir or .gguf.")]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda[:N].")]
 Dtype = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")]
-# cache, one run
-Policy = Annotated[
-    str, typer.Option(help="Eviction policy: full, random, snapkv, nexus, ... (a wrong name lists them all).")
-]
-Budget = Annotated[
-    str | None,
-    typer.Option(
-        help="K: entries per KV head kept at each round (int), or a fraction of the tokens so far (0.2); "
-        "every policy but full needs one. Default: none (the full cache)."
-    ),
-]
-Mode = Annotated[str, typer.Option(help="persistent | reprefill.")]
-Scope = Annotated[str, typer.Option(help="prefill | prefill+decode.")]
-Protect = Annotated[str, typer.Option(help="prompt | sink | none.")]
-HeadBudget = Annotated[
-    str, typer.Option(help="uniform (K per head) | adaptive (Ada-KV: a layer's K x H_kv split by score).")
-]
-Seed = Annotated[int, typer.Option(help="Seeds eviction draws and sampling.")]
-# cache, every command
-Buffer = Annotated[
-    int, typer.Option(help="r: a round every r tokens (at K + 2r entries; K + r under topk-all).")
-]
-Framework = Annotated[
-    str,
-    typer.Option(
-        help="recent-buffer (the papers': the newest r entries are never scored, K + r kept) | topk-all "
-        "(kvagent's before: the top K of all entries, each policy with its own recency keep)."
-    ),
-]
-Cadence = Annotated[
-    str,
-    typer.Option(
-        help="layer (each layer's round at its own trigger) | shared (once a layer is due, every layer over "
-        "K + r cuts too: one round per r tokens where layers keep different K, as pyramidkv's)."
-    ),
-]
-Window = Annotated[int, typer.Option(help="W: recent queries used for scoring.")]
-PolicyArg = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--policy-arg",
-        help="Policy option [POLICY.]KEY=VALUE (repeatable): lam=0.5 with one policy, nexus.lam=0.5 with several.",
-    ),
-]
-# sweeps
-Policies = Annotated[str, typer.Option(help="Comma list of policies.")]
-Modes = Annotated[str, typer.Option(help="Comma list: persistent, reprefill.")]
-Budgets = Annotated[str, typer.Option(help="Comma list of budgets (tokens, or fractions in (0,1)).")]
+# The cache and agent options: settings.py (one declaration per field).
 Quiet = Annotated[bool, typer.Option("--quiet", help="No progress bars.")]
 ReusePrefix = Annotated[
     bool,
@@ -151,54 +104,6 @@ ReusePrefix = Annotated[
         "chunk (the same logits, a few times fewer forwards). Off: less memory (no copy of the dense "
         "history), and wall times that are the protocol's.",
     ),
-]
-# agent
-MaxSteps = Annotated[int, typer.Option(help="Hard limit on model calls (per request in chat).")]
-MaxNewTokens = Annotated[
-    int | None, typer.Option(help="Tokens per reply (default 8192; no cap under --scaffold r2egym).")
-]
-ContextLimit = Annotated[int, typer.Option(help="Logical tokens; the episode ends cleanly there.")]
-Temperature = Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")]
-PromptStyle = Annotated[
-    str, typer.Option(help="Instance prompt: repo_first (eval) or issue_first (training).")
-]
-Prompts = Annotated[
-    str | None,
-    typer.Option(
-        help="YAML: system_prompt, instance_prompt ({problem_statement}); e.g. R2E-Gym's. Default: the "
-        "scaffold's own."
-    ),
-]
-Scaffold = Annotated[
-    str, typer.Option(help="Protocol: kvagent, or r2egym (R2E-Gym's evaluation; docs/deepswe.md).")
-]
-History = Annotated[
-    str | None,
-    typer.Option(
-        help="keep-thinking; drop-thinking (past replies' <think> leave the cache); r2egym (each past reply "
-        "as R2E-Gym re-renders it: its call). Default: the scaffold's (r2egym under --scaffold r2egym)."
-    ),
-]
-R2EGym = Annotated[
-    str | None,
-    typer.Option(
-        "--r2egym",
-        help="Your checkout of R2E-Gym: its prompt file and the strings its code hard-codes (with --scaffold "
-        "r2egym; docs/deepswe.md).",
-    ),
-]
-PatchRule = Annotated[
-    str | None,
-    typer.Option(
-        help="Graded patch: full (the whole diff) or r2egym (R2E-Gym's: .py files edited with str_replace). "
-        "Default: the scaffold's; both are recorded."
-    ),
-]
-TopP = Annotated[
-    float | None, typer.Option(help="Nucleus sampling. Default: the model's generation_config.json, else 1.")
-]
-TopK = Annotated[
-    int | None, typer.Option(help="Top-k sampling (0 = off). Default: the model's generation_config.json.")
 ]
 Network = Annotated[
     str, typer.Option(help="Docker sandboxes: none, or default (Docker's network, as R2E-Gym's containers).")
@@ -210,35 +115,24 @@ Instances = Annotated[
 ]
 
 
-def cache_args(params: Mapping[str, Any]) -> dict[str, Any]:
-    """A command's cache settings out of all its parameters (`ctx.params`): those named as a run's
-    CacheConfig fields (policy, budget, ..., as the command has them), so a field added there and
-    declared as an option here reaches the command without another edit. --policy-arg is apart."""
+def cache_args(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Of option values by name (a test's, a script's), those named as a run's CacheConfig fields,
+    as `common.cache_config` takes them. Commands get theirs typed (`settings.CacheOptions`)."""
     from kvagent.runspec import IDENTITY
 
-    return {k: v for k, v in params.items() if k in IDENTITY}
+    return {k: v for k, v in values.items() if k in IDENTITY}
 
 
-# A command's agent options and the AgentConfig fields they set.
-AGENT_OPTIONS = {
-    "max_steps": "max_steps", "max_new_tokens": "max_new_tokens", "context_limit": "context_limit",
-    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "prompt_style": "prompt_style",
-    "seed": "seed", "prompts": "prompts", "r2egym": "r2egym_path", "scaffold": "scaffold",
-    "history": "history", "patch_rule": "patch_rule",
-}  # fmt: skip
-LEFT_TO_SCAFFOLD = ("max_new_tokens", "history", "patch_rule")  # None: the scaffold's value
+def agent_args(values: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
+    """The AgentConfig arguments of agent option values by name (a test's, a script's) and `fixed`
+    (values not taken as options); `settings.AgentOptions.arguments` says how."""
+    from dataclasses import fields
 
+    from kvagent.cli.settings import AgentOptions
 
-def agent_args(params: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
-    """The AgentConfig options out of a command's parameters (`ctx.params`) and `fixed` (values a
-    command does not take as options, e.g. eval's prompt_style). An option left out (None) is the
-    scaffold's (per-reply cap, history, patch rule) or, for top_p / top_k, the model's
-    generation_config.json."""
-    from kvagent.agent.config import BY_SCAFFOLD
-
-    given = {**{k: v for k, v in params.items() if k in AGENT_OPTIONS}, **fixed}
-    out = {AGENT_OPTIONS[k]: v for k, v in given.items()}
-    return {**out, **{k: BY_SCAFFOLD for k in LEFT_TO_SCAFFOLD if out.get(k) is None}}
+    names = {f.name for f in fields(AgentOptions)} - {"taken"}
+    picked = {k: v for k, v in values.items() if k in names}
+    return AgentOptions(**picked, taken=tuple(picked)).fixed(**fixed).arguments()
 
 
 # Local sandboxes: how model-written commands run.

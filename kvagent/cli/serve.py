@@ -7,9 +7,10 @@ from __future__ import annotations
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from kvagent.cli.settings import CacheOptions
 from kvagent.errors import ConfigError, KvagentError
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -73,7 +74,7 @@ def draining_server(config: Any, drain: Callable[[], None]) -> Any:
 
 
 def run_serve(
-    *, model: str, cache: dict[str, Any], max_batch: int, kv_memory: float | None, host: str, port: int,
+    *, model: str, cache: CacheOptions | Mapping[str, Any], max_batch: int, kv_memory: float | None, host: str, port: int,
     max_queue: int, max_sessions: int, drain_timeout: float, served_model_name: str | None, device: str,
     dtype: str, log_level: str,
 ) -> None:  # fmt: skip
@@ -84,9 +85,10 @@ def run_serve(
         from kvagent.serve import ServeConfig, create_app
     except ImportError as e:
         raise KvagentError(f"serve: {e.name} is not installed; run: pip install 'kvagent[serve]'") from None
-    from kvagent.cli.common import cache_config, load_engine
+    from kvagent.cli.common import load_engine
+    from kvagent.cli.settings import cache_config_of
 
-    defaults = cache_config(**cache)
+    defaults = cache_config_of(cache)
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
     try:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from kvagent.agent.loop import EpisodeInterrupted
-from kvagent.cli.common import agent_config, cache_config, check_out_dir, load_engine, sandbox_workdir
+from kvagent.cli.common import check_out_dir, load_engine, sandbox_workdir
+from kvagent.cli.settings import AgentOptions, CacheOptions, agent_config_of, cache_config_of
 from kvagent.errors import KvagentError
 from kvagent.fileio import atomic_write_text
 
@@ -81,8 +83,8 @@ def run_solve(
     repo: str | None,
     image: str | None,
     model: str,
-    cache: dict[str, Any],
-    agent: dict[str, Any],
+    cache: CacheOptions | Mapping[str, Any],
+    agent: AgentOptions | Mapping[str, Any],
     out: str | None = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -96,7 +98,7 @@ def run_solve(
     from kvagent.sandbox import open_sandbox
 
     issue_text = read_issue(issue)
-    cfg, agent_cfg = cache_config(**cache), agent_config(**agent)
+    cfg, agent_cfg = cache_config_of(cache), agent_config_of(agent)
     console = console or Console(stderr=True)
     spec = environments.with_network(
         environments.with_isolation(sandbox_spec(repo, image), isolation), network

@@ -1,0 +1,75 @@
+"""One declaration per setting (issue #47): each cache field and each shared agent setting is
+declared as an option once, in cli/settings.py, and no command re-declares it; the commands'
+settings travel as typed values, never as the parsed-parameters dict."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import fields
+from pathlib import Path
+
+from kvagent import runspec
+from kvagent.agent.config import AgentConfig
+from kvagent.cli import settings
+from kvagent.serve.kvconfig import kv_fields
+
+PKG = Path(settings.__file__).parents[1]
+# Options that share a spelling with a setting but are another setting: demo's --seed seeds the
+# generated episode, bench serve's --seed and --temperature are each request's.
+OTHER_SETTINGS = {("demo", "seed"), ("bench_serve", "seed"), ("bench_serve", "temperature")}
+
+
+def _names(form_set):
+    return {f.name for s in form_set for f in (s.one, s.many, s.tokens) if f is not None}
+
+
+def test_every_cache_field_has_one_declaration_and_serve_asks_the_same_list():
+    assert sorted(settings.CACHE) == sorted(runspec.IDENTITY)
+    assert set(kv_fields().values()) == set(settings.CACHE)
+    assert set(settings.AGENT) <= {f.name for f in fields(AgentConfig)}
+
+
+def test_no_command_declares_a_shared_setting_itself():
+    """Counted from the source: a parameter of a command in kvagent/cli named as a cache or agent
+    option (or an option alias in params.py) would be a second declaration."""
+    shared = _names(settings.CACHE.values()) | {f.name for f in settings.AGENT.values()}
+    found = []
+    for path in sorted((PKG / "cli").glob("app*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and any(
+                isinstance(d, ast.Call | ast.Name | ast.Attribute) for d in node.decorator_list
+            ):
+                found += [(node.name, a.arg) for a in node.args.args if a.arg in shared]
+    assert [f for f in found if f not in OTHER_SETTINGS] == []
+    params = (PKG / "cli" / "params.py").read_text(encoding="utf-8")
+    aliases = re.findall(r"^(\w+) = Annotated\[", params, flags=re.M)
+    camel = {"".join(w.title() for w in n.split("_")) for n in shared}
+    assert [a for a in aliases if a in camel] == []
+
+
+def test_settings_travel_typed():
+    uses = [
+        f"{p.relative_to(PKG)}:{i}"
+        for p in sorted(PKG.rglob("*.py"))
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if "ctx.params" in line or "**sweep" in line
+    ]
+    assert uses == []
+
+
+def test_a_command_gets_its_options_as_one_typed_value():
+    seen = {}
+
+    @settings.cache_options(["buffer"], many=["policy"], policies="full,snapkv")
+    @settings.agent_options("max_steps")
+    def command(name: str = "x", cache: settings.CacheOptions = None, agent: settings.AgentOptions = None):
+        seen.update(name=name, cache=cache, agent=agent)
+
+    import inspect
+
+    assert list(inspect.signature(command).parameters) == ["name", "buffer", "policies", "max_steps"]
+    command(name="y", buffer=64, policies="snapkv", max_steps=3)
+    assert seen["cache"].buffer == 64 and seen["cache"].policies == "snapkv"
+    assert seen["cache"].taken == ("buffer", "policies") and seen["cache"].fields() == {"buffer": 64}
+    assert seen["agent"].fixed(seed=1).arguments()["max_steps"] == 3
