@@ -23,8 +23,8 @@ from kvagent.agent.episode import (
 )
 from kvagent.agent.interfaces import Environment, ModelSession
 from kvagent.agent.parser import ToolCall
-from kvagent.agent.render import ChatMLRenderer
 from kvagent.agent.scaffold import make_scaffold
+from kvagent.agent.template_render import make_renderer
 from kvagent.agent.thinking import forget_thinking
 from kvagent.errors import KvagentError
 
@@ -47,7 +47,7 @@ class Agent:
     approve: Callable[[Turn, ToolCall], str | None] | None = None
 
     def __post_init__(self) -> None:
-        self.render = ChatMLRenderer(self.tokenizer)
+        self.render = make_renderer(self.tokenizer)  # the model's chat template, else ChatML
         # top_p / top_k the config leaves unset: the model's generation_config.json, as vLLM does
         self.config = self.config.with_model_defaults(generation_defaults(self.session))
         self.scaffold = make_scaffold(self.config)
