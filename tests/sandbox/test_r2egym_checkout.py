@@ -72,13 +72,17 @@ def test_the_tools_are_commands_on_the_shells_path(sb, episode, tmp_path):
 
 def test_the_call_line_is_r2egyms(sb, episode, tmp_path):
     """`NAME COMMAND --key value` in the order written, keys unquoted, values shell-quoted, under
-    `timeout`, PATH the only variable kvagent sets."""
+    `timeout`, PATH the only variable kvagent sets (the image's own stay: LANG in the base image)."""
     params = {"path": "it's.py", "command": "view", "view_range": "[1, 2]"}
     assert (
         bash_command("file_editor", params) == "file_editor view --path 'it'\"'\"'s.py' --view_range '[1, 2]'"
     )
     assert bash_command("submit", {}) == "echo '<<<Finished>>>'"
-    sb.install_commands({"show": b"#!/bin/sh\necho \"$0 $*\"; env | grep -E '^(LANG|TERM|PAGER)=' | wc -l\n"})
+    sb.install_commands(
+        {
+            "show": b"#!/bin/sh\necho \"$0 $*\"; env | grep -E '^(TERM|PAGER|PYTHONIOENCODING|KVAGENT_TOOL_[A-Z]*)=' | wc -l\n"
+        }
+    )
     r = sb.run_command(bash_command("show", params), timeout=5)
     assert r.output == f"{sb.commands_dir}/show view --path it's.py --view_range [1, 2]\n0\n"
     slow = sb.run_command("sleep 5", timeout=0.5)
