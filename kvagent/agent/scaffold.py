@@ -132,13 +132,16 @@ class R2EGymScaffold(Scaffold):
         return Reading(call)
 
     def prepare(self, env: Any) -> None:
-        """With --r2egym: R2E-Gym's own tool scripts, installed as its runtime installs them."""
+        """R2E-Gym's task interpreter link; with --r2egym, its own tool scripts, installed as its
+        runtime installs them."""
         scripts = self.config.tool_scripts
         if scripts and not hasattr(env, "install_commands"):
             raise KvagentError(
                 f"{type(env).__name__} cannot install R2E-Gym's tools from --r2egym; use a sandbox "
                 "(kvagent.sandbox.open_sandbox) or drop --r2egym"
             )
+        if hasattr(env, "link_task_venv"):  # /root/.venv as R2E-Gym links it, for either tool set
+            env.link_task_venv()
         if scripts:
             env.install_commands(dict(scripts))
 

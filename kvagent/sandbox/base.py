@@ -163,7 +163,7 @@ class Sandbox(ABC):
         SandboxError names the first that cannot start (a module missing in the image, say)."""
         self._check_open()
         commands.check_names(scripts)
-        self._prepare_commands()
+        self.link_task_venv()
         for name, data in scripts.items():
             self._put_executable(f"{self.commands_dir}/{name}", data)
         progs = {n: commands.interpreter(data) for n, data in scripts.items()}
@@ -194,8 +194,9 @@ class Sandbox(ABC):
     def _command_path(self) -> str:
         return commands.R2EGYM_PATH
 
-    def _prepare_commands(self) -> None:  # noqa: B027 - a hook; only docker has set-up to do
-        """Backend set-up before the first install (docker: R2E-Gym's /root/.venv link)."""
+    def link_task_venv(self) -> None:  # noqa: B027 - only a container has a task env to link
+        """R2E-Gym's step on SWE-bench images: the testbed's conda env linked to /root/.venv, where its
+        tools' `#!` points (and `task_python` then is); nothing where there is no such env."""
 
     def diff(self) -> str:
         """Patch of the working tree against the base commit (new files included, binaries left out)."""

@@ -265,7 +265,8 @@ class DockerSandbox(Sandbox):
         self._exec_raw(["mkdir", "-p", parent], 60)
         self._put(parent, _tar({name: data}, mode=0o755))
 
-    def _prepare_commands(self) -> None:
+    def link_task_venv(self) -> None:
+        self._check_open()
         self._exec_raw(["sh", "-c", commands.LINK_TASK_VENV], 60)
         if self.task_python is None:  # the link may have just made it
             task = self._exec_raw(["sh", "-c", f"{TASK_PYTHON} -c 'print(1)'"], 60)

@@ -56,3 +56,33 @@ def test_network_modes(base_image, repo, test_label, network, mode):
 
     with open_sandbox("docker", image=base_image, repo=repo, labels=test_label, network=network) as sb:
         assert docker_client().api.inspect_container(sb.container.id)["HostConfig"]["NetworkMode"] == mode
+
+
+CONDA_DOCKERFILE = """FROM {base}
+RUN mkdir -p /opt/miniconda3/envs/testbed/bin && ln -s /usr/bin/python3 /opt/miniconda3/envs/testbed/bin/python
+"""
+
+
+def test_a_swebench_style_testbed_env_is_linked_to_root_venv_as_r2egym_does(base_image, repo, test_label):
+    """SWE-bench images keep the task env at /opt/miniconda3/envs/testbed: R2E-Gym links it to
+    /root/.venv (where its tools' `#!` points); the r2egym scaffold does so before the first call."""
+    from kvagent.sandbox.docker_backend import docker_client
+
+    client = docker_client()
+    tag = f"kvagent/test-conda-testbed:{uuid.uuid4().hex[:8]}"
+    client.images.build(
+        fileobj=io.BytesIO(CONDA_DOCKERFILE.format(base=base_image).encode()),
+        tag=tag,
+        rm=True,
+        network_mode="none",
+    )
+    try:
+        with open_sandbox("docker", image=tag, repo=repo, labels=test_label) as sb:
+            assert sb.task_python is None
+            sb.link_task_venv()
+            assert sb.task_python == "/root/.venv/bin/python"
+            assert sb.run("readlink /root/.venv", timeout=30).output.strip() == "/opt/miniconda3/envs/testbed"
+            sb.link_task_venv()  # a second time changes nothing
+            assert sb.run("readlink /root/.venv", timeout=30).output.strip() == "/opt/miniconda3/envs/testbed"
+    finally:
+        client.images.remove(tag, force=True)
