@@ -58,6 +58,7 @@ class Agent:
         self.prompt_tokens = 0
         self._last_reply_ids: list[int] = []
         self.first_step = 0  # turns before the current request (chat); step limits count from here
+        self._prepared = False  # the scaffold's set-up of the environment (Scaffold.prepare) done
 
     def run(self, issue_text: str) -> EpisodeResult:
         if self.messages or self.turns:
@@ -112,6 +113,9 @@ class Agent:
     def loop(self) -> str:
         """Generate, act and observe until `finish`, the step limit, the context limit or an interrupted
         reply; returns that status. Exceptions propagate (`run` records them)."""
+        if not self._prepared:  # R2E-Gym's own tools (--r2egym) before the first reply, once
+            self.scaffold.prepare(self.env)
+            self._prepared = True
         while True:
             turn = self._reply()
             if turn.finish_reason == INTERRUPTED:
@@ -138,7 +142,6 @@ class Agent:
         return system, user, self.render.prompt_ids(system, user)
 
     def _start(self, system: str, user: str, prompt_ids: list[int]) -> str | None:
-        self.scaffold.prepare(self.env)  # R2E-Gym's own tools (--r2egym), before anything is fed
         self.prompt_tokens = len(prompt_ids)
         status = self._feed(prompt_ids)
         if status is None:
