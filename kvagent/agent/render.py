@@ -1,8 +1,10 @@
 """Token rendering for ChatML models (Qwen3, Qwen2, SmolLM2), append-only.
 
 The episode's token stream is built once, piece by piece: the prompt, then each sampled reply
-verbatim, then each observation. It is never re-rendered with the chat template (Qwen3's template
-drops old `<think>` blocks, which would put the cache out of step with the text)."""
+verbatim, then each observation. It is never re-rendered whole (Qwen3's template drops old `<think>`
+blocks, which would put the cache out of step with the text; the history rules take them back
+instead). The fallback for a tokenizer without a chat template: template_render.py cuts the same
+pieces out of the model's own template, and gives these ids on Qwen3's."""
 
 from __future__ import annotations
 
