@@ -272,3 +272,97 @@ class EvictableCache(Cache):
         self.slot = slot
         for layer in self.layers:
             layer.attach_slot()
+
+    # ----------------------------------------------------------------- persistence (runtime/persist.py)
+    # The only code outside this module that needs the layout is these two methods: a saved session
+    # is this state, and whoever changes the layout keeps them in step (tests/runtime/test_persist.py).
+    def export_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Everything a later forward or round reads: per layer the live keys, values and positions
+        (PAD entries kept; adaptive layers per KV head), n, ragged and capacity (so a restored layer
+        has the same strides), the window and pending queries with their positions. Tensors are
+        contiguous clones on their device; meta is JSON-able."""
+        tensors: dict[str, torch.Tensor] = {}
+        layers = []
+        for li, layer in enumerate(self.layers):
+            if not layer.is_initialized:
+                layers.append({"init": False})
+            elif hasattr(layer, "head_keys"):  # heads.HeadLayer: a buffer per KV head
+                for h, c in enumerate(layer.counts):
+                    tensors[f"layers.{li}.head{h}.keys"] = layer.head_keys[h][:c].contiguous().clone()
+                    tensors[f"layers.{li}.head{h}.values"] = layer.head_values[h][:c].contiguous().clone()
+                    tensors[f"layers.{li}.head{h}.positions"] = (
+                        layer.head_positions[h][:c].contiguous().clone()
+                    )
+                caps = [k.shape[0] for k in layer.head_keys]
+                layers.append({"init": True, "counts": list(layer.counts), "capacities": caps})
+            else:
+                keys, values, positions = layer.live()
+                tensors[f"layers.{li}.keys"] = keys.contiguous().clone()
+                tensors[f"layers.{li}.values"] = values.contiguous().clone()
+                tensors[f"layers.{li}.positions"] = positions.contiguous().clone()
+                cap = layer.keys.shape[-2]
+                layers.append({"init": True, "n": layer.n, "ragged": layer.ragged, "capacity": cap})
+        for li in range(len(self.layers)):
+            if self.window_queries[li] is not None:
+                tensors[f"window.{li}.queries"] = self.window_queries[li].contiguous().clone()
+                tensors[f"window.{li}.positions"] = self.window_positions[li].contiguous().clone()
+            for j, (q, p) in enumerate(
+                zip(self.pending_queries[li], self.pending_positions[li], strict=True)
+            ):
+                tensors[f"pending.{li}.{j}.queries"] = q.contiguous().clone()
+                tensors[f"pending.{li}.{j}.positions"] = p.contiguous().clone()
+        meta = {
+            "layers": layers,
+            "window": [self.window_queries[li] is not None for li in range(len(self.layers))],
+            "pending": [len(qs) for qs in self.pending_queries],
+            "slot": self.slot is not None,  # reprefill attaches its slot only once compressed
+        }
+        return tensors, meta
+
+    def import_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Make this fresh cache hold what `export_state` gave (tensors already on this cache's
+        device and dtype; shapes checked by the caller). Live entries go into this cache's slot
+        where they fit, as compaction puts them, else into private buffers of the saved capacity.
+        (A reprefill cache saved with its slot attached gets `attach_slot` first: the caller's.)"""
+        for li, (layer, m) in enumerate(zip(self.layers, meta["layers"], strict=True)):
+            layer.reset()
+            if not m["init"]:
+                continue
+            if "counts" in m:
+                for name in ("keys", "values", "positions"):
+                    store = getattr(layer, f"head_{name}")
+                    for h, cap in enumerate(m["capacities"]):
+                        src = tensors[f"layers.{li}.head{h}.{name}"]
+                        buf = src.new_empty((cap, *src.shape[1:]))
+                        buf[: src.shape[0]] = src
+                        store.append(buf)
+                layer.counts = list(m["counts"])
+                layer.keys, layer.values = layer.head_keys[0], layer.head_values[0]
+                layer.device = layer.keys.device
+                layer.is_initialized = True
+                continue
+            k, v, p = (tensors[f"layers.{li}.{name}"] for name in ("keys", "values", "positions"))
+            n = m["n"]
+            views = layer._slot_views()
+            if views is not None and n <= views[0].shape[-2]:
+                layer.keys, layer.values, layer.positions = views
+                layer.in_slot = True
+            else:
+                cap = m["capacity"]
+                layer.keys = k.new_empty((*k.shape[:2], cap, k.shape[-1]))
+                layer.values = v.new_empty((*v.shape[:2], cap, v.shape[-1]))
+                layer.positions = p.new_empty((*p.shape[:2], cap))
+            layer.keys[:, :, :n], layer.values[:, :, :n], layer.positions[:, :, :n] = k, v, p
+            layer.n, layer.ragged = n, bool(m["ragged"])
+            layer.device = k.device
+            layer.is_initialized = True
+        for li in range(len(self.layers)):
+            has = meta["window"][li]
+            self.window_queries[li] = tensors[f"window.{li}.queries"] if has else None
+            self.window_positions[li] = tensors[f"window.{li}.positions"] if has else None
+            self.pending_queries[li] = [
+                tensors[f"pending.{li}.{j}.queries"] for j in range(meta["pending"][li])
+            ]
+            self.pending_positions[li] = [
+                tensors[f"pending.{li}.{j}.positions"] for j in range(meta["pending"][li])
+            ]

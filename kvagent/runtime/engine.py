@@ -153,6 +153,13 @@ class Engine:
             pool = self.pools[key]
         return pool.acquire()
 
+    def load_session(self, path) -> Session:
+        """A new session continuing, exactly, the one `Session.save` wrote to `path` with this
+        model; another model's, another format version's or a cut-short file is a ConfigError."""
+        from kvagent.runtime import persist
+
+        return persist.load(path, self)
+
     def close(self) -> None:
         """Stop the scheduler thread (batching engines); sessions of this engine stop working."""
         if self.scheduler is not None:

@@ -136,6 +136,13 @@ class Session:
         """Per layer (B, H_kv, N) positions held; -1 pads a head that holds fewer (after forget)."""
         return self.evictor.kept_positions()
 
+    def save(self, path) -> int:
+        """Write all that decides what this session does next to `path`, atomically (persist.py);
+        `Engine.load_session(path)` continues it exactly. Returns the bytes written."""
+        from kvagent.runtime import persist
+
+        return persist.save(self, path)
+
     @scheduled
     def append(self, ids, all_logits: bool = False) -> torch.Tensor:
         """Prefill a chunk of token ids; returns float32 logits of its last token (or of every

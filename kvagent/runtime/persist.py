@@ -1,0 +1,277 @@
+"""Save and restore a session exactly: the state a later call reads, moved to host memory or a file.
+
+Under persistent eviction a session's cache is a function of everything it was ever fed, so it
+cannot be rebuilt from its history (that is reprefill's protocol). This module captures all that
+decides what the session does next and puts it back into a fresh session of the same engine:
+the cache (`EvictableCache.export_state`: per layer the kept keys, values and positions, per KV
+head for adaptive layers, the window and pending queries), the evictor's per-layer policy state
+(H2O's accumulated attention), round counter and audit, the token history, prompt length, last
+logits, the reprefill `_stale` flag, the sampling generator's state, the CacheConfig and the stats.
+Round generators are seeded from (seed, layer, logical length) and hold no state; a `reuse_prefix`
+snapshot is a speed-up for replays only and is not saved (the next rebuild starts from 0, with the
+same result).
+
+A file is safetensors whose `__metadata__["kvagent"]` is a JSON header: format and version, the
+model's identity (name, layers, KV heads, head dim, vocab, dtype and a fingerprint of its weights)
+and the session's non-tensor state. `read` checks the header, the file's length and every
+cache tensor's shape before anything is allocated, and refuses another model's file, another
+version's or a truncated one with one line (ConfigError)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvagent.errors import ConfigError
+from kvagent.fileio import atomic_write_bytes
+from kvagent.runtime.audit import AuditRound
+from kvagent.runtime.config import CacheConfig
+
+FORMAT = "kvagent-session"
+VERSION = 1
+MAX_HEADER = 256 * 2**20  # a JSON header past this is no session file (a 200k-token history is ~2 MiB)
+_CPU = ("history", "sample_gen", "audit.")  # tensors that live on the host whatever the engine's device
+
+
+@dataclass
+class SessionState:
+    """One session's state off its engine: tensors (on the host after `to_host`) and JSON meta."""
+
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def to_host(self, pin: bool = False) -> SessionState:
+        """The tensors copied to host memory; `pin` (CUDA): into pinned buffers on a side stream, so
+        the copy overlaps other sessions' forwards instead of stalling them."""
+        if not pin or not torch.cuda.is_available():
+            return SessionState({k: t.detach().to("cpu") for k, t in self.tensors.items()}, self.meta)
+        main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+        side.wait_stream(main)  # after the writes that made them
+        out = {}
+        with torch.cuda.stream(side):
+            for k, t in self.tensors.items():
+                if t.device.type == "cpu":
+                    out[k] = t
+                    continue
+                out[k] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+        side.synchronize()  # this thread only: other streams' work goes on
+        return SessionState(out, self.meta)
+
+
+# ----------------------------------------------------------------- the model a state belongs to
+def model_identity(engine) -> dict[str, Any]:
+    """What a state's tensors must match: shapes, dtype, and the weights that made them."""
+    model = engine.model
+    h = hashlib.sha256()
+    params = list(model.parameters())
+    for p in (params[0], params[len(params) // 2], params[-1]):
+        h.update(p.detach().flatten()[:4096].to("cpu", torch.float32).numpy().tobytes())
+    h.update(str(sum(p.numel() for p in params)).encode())
+    return {
+        "name": engine.name,
+        "layers": engine.n_layers,
+        "kv_heads": engine.n_kv_heads,
+        "head_dim": engine.head_dim,
+        "vocab": int(model.config.vocab_size),
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "fingerprint": h.hexdigest()[:16],
+    }
+
+
+def check_identity(saved: dict[str, Any], engine, where: str) -> None:
+    here = model_identity(engine)
+    for key in ("layers", "kv_heads", "head_dim", "vocab", "dtype", "fingerprint"):
+        if saved.get(key) != here[key]:
+            raise ConfigError(
+                f"{where}: saved from model {saved.get('name')!r} ({key} {saved.get(key)}), but this engine runs "
+                f"{here['name']!r} ({key} {here[key]}); load it with the model and dtype that saved it"
+            )
+
+
+# ----------------------------------------------------------------- session <-> state
+def export_session(session) -> SessionState:
+    """The session's whole state, tensors still on its device (`to_host` moves them)."""
+    ev = session.evictor
+    cache_tensors, cache_meta = ev.cache.export_state()
+    tensors = {f"cache.{k}": t for k, t in cache_tensors.items()}
+    tensors["history"] = torch.tensor(session.history, dtype=torch.long)
+    state = [_flatten(st, f"state.{li}", tensors) for li, st in enumerate(ev.state)]
+    audit = None
+    if ev.audit is not None:
+        audit = []
+        for i, r in enumerate(ev.audit):
+            tensors[f"audit.{i}"] = r.kept.detach().to("cpu").contiguous().clone()
+            audit.append({f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "kept"})
+    if session._last_logits is not None:
+        tensors["last_logits"] = session._last_logits.detach().contiguous().clone()
+    if session._sample_gen is not None:
+        tensors["sample_gen"] = session._sample_gen.get_state()
+    meta = {
+        "config": session.config.to_dict(),
+        "prompt_length": session.prompt_length,
+        "stale": session._stale,
+        "round_index": ev.round_index,
+        "stats": dataclasses.asdict(session._stats),
+        "cache": cache_meta,
+        "state": state,
+        "audit": audit,
+    }
+    return SessionState(tensors, meta)
+
+
+def import_session(engine, state: SessionState, where: str = "session state"):
+    """A new session of `engine` continuing exactly where the exported one was (`where` names the
+    state in errors)."""
+    m = state.meta
+    try:
+        config = CacheConfig(**m["config"])
+    except TypeError as e:
+        raise ConfigError(
+            f"{where}: its cache config does not fit this kvagent ({e}); start a new session"
+        ) from None
+    session = engine.session(config)
+    ev, dev = session.evictor, engine.device
+    t = {k: v if k.startswith(_CPU) else v.to(dev) for k, v in state.tensors.items()}
+    _check_capacities(ev.cache, m["cache"], config, where)
+    if m["cache"]["slot"] and ev.slot is not None and ev.cache.slot is None:
+        ev.cache.attach_slot(ev.slot)  # a reprefill cache compressed into its slot
+    ev.cache.import_state({k[len("cache.") :]: v for k, v in t.items() if k.startswith("cache.")}, m["cache"])
+    ev.state = [_unflatten(spec, t) for spec in m["state"]]
+    ev.round_index = m["round_index"]
+    if m["audit"] is not None:
+        ev.audit = [AuditRound(**a, kept=t[f"audit.{i}"]) for i, a in enumerate(m["audit"])]
+    session.history = t["history"].tolist()
+    session.prompt_length = m["prompt_length"]
+    session._stale = m["stale"]
+    session._last_logits = t.get("last_logits")
+    if "sample_gen" in t:
+        session._sample_gen = torch.Generator()
+        session._sample_gen.set_state(t["sample_gen"])
+    for k, v in m["stats"].items():  # in place: the evictor counts into the same object
+        setattr(session._stats, k, v)
+    return session
+
+
+def _flatten(obj: Any, name: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Policy state as a JSON spec; its tensors go to `tensors` under dotted names."""
+    if isinstance(obj, torch.Tensor):
+        tensors[name] = obj.detach().contiguous().clone()
+        return {"tensor": name}
+    if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):
+        return {"dict": {k: _flatten(v, f"{name}.{k}", tensors) for k, v in obj.items()}}
+    if isinstance(obj, list | tuple):
+        return {"list": [_flatten(v, f"{name}.{i}", tensors) for i, v in enumerate(obj)]}
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return {"value": obj}
+    raise ConfigError(f"save: policy state {name} is a {type(obj).__name__}, which cannot be saved")
+
+
+def _unflatten(spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
+    if "tensor" in spec:
+        return tensors[spec["tensor"]]
+    if "dict" in spec:
+        return {k: _unflatten(v, tensors) for k, v in spec["dict"].items()}
+    if "list" in spec:
+        return [_unflatten(v, tensors) for v in spec["list"]]
+    return spec["value"]
+
+
+def _check_capacities(cache, cache_meta: dict, config: CacheConfig, where: str) -> None:
+    """Refuse buffer sizes no session of this config reaches, before they are allocated."""
+    for li, (layer, m) in enumerate(zip(cache.layers, cache_meta["layers"], strict=True)):
+        if not m["init"]:
+            continue
+        sizes = zip(m["counts"], m["capacities"], strict=True) if "counts" in m else [(m["n"], m["capacity"])]
+        for n, cap in sizes:
+            top = max(2 * n, n + 2 * config.buffer, 16, config.prefill_chunk, layer.capacity_hint)
+            if not 0 <= n <= cap <= top:
+                raise ConfigError(
+                    f"{where}: layer {li} claims {n} entries in a buffer of {cap}; the file is damaged"
+                )
+
+
+# ----------------------------------------------------------------- files
+def save(session, path: str | os.PathLike[str]) -> int:
+    """Write the session to `path` atomically; returns the bytes written."""
+    from safetensors.torch import save
+
+    state = export_session(session).to_host()
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": model_identity(session.engine),
+        "state": state.meta,
+    }
+    data = save(
+        {k: t.contiguous() for k, t in state.tensors.items()}, metadata={"kvagent": json.dumps(header)}
+    )
+    atomic_write_bytes(path, data)
+    return len(data)
+
+
+def read(path: str | os.PathLike[str], engine) -> SessionState:
+    """A session file's state, checked against `engine` (header, length, shapes) before loading."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    where = f"session file {path}"
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little") if size >= 8 else -1
+            raw = f.read(n) if 0 <= n <= min(MAX_HEADER, size - 8) else b""
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: not found; check the path, or start a new session") from None
+    try:
+        entries = json.loads(raw) if raw else None
+        header = json.loads(entries["__metadata__"]["kvagent"])
+    except (ValueError, KeyError, TypeError):
+        header = None
+    if header is None or header.get("format") != FORMAT:
+        raise ConfigError(
+            f"{where}: not a kvagent session file (or cut short); pass a file Session.save wrote"
+        )
+    if header.get("version") != VERSION:
+        raise ConfigError(
+            f"{where}: format version {header.get('version')}, this kvagent reads version {VERSION}; "
+            "open it with the kvagent that saved it, or start a new session"
+        )
+    end = max((e["data_offsets"][1] for k, e in entries.items() if k != "__metadata__"), default=0)
+    if size != 8 + n + end:
+        raise ConfigError(
+            f"{where}: {size} bytes where its header says {8 + n + end}; it was cut short, save it again"
+        )
+    check_identity(header["model"], engine, where)
+    _check_shapes(entries, header["model"], where)
+    return SessionState(load_file(str(path)), header["state"])
+
+
+def _check_shapes(entries: dict, model: dict[str, Any], where: str) -> None:
+    h, d = model["kv_heads"], model["head_dim"]
+    for name, e in entries.items():
+        if not name.startswith("cache.layers."):
+            continue
+        shape = e["shape"]
+        head = ".head" in name
+        want_h = shape[:0] if head else [1, h]
+        ok = shape[: len(want_h)] == want_h and (name.endswith("positions") or shape[-1] == d)
+        if not ok:
+            raise ConfigError(
+                f"{where}: {name} has shape {shape}, not one of this model's; the file is damaged"
+            )
+
+
+def load(path: str | os.PathLike[str], engine):
+    """`engine`'s new session continuing the one saved at `path`."""
+    return import_session(engine, read(path, engine), f"session file {path}")
