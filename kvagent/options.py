@@ -18,15 +18,6 @@ def split_list(text: str | Sequence[str], what: str) -> list[str]:
     return items
 
 
-def choice_list(text: str | Sequence[str], what: str, choices: Sequence[str]) -> list[str]:
-    """A comma list whose every item is one of `choices`."""
-    items = split_list(text, what)
-    for x in items:
-        if x not in choices:
-            raise ConfigError(f"{what}: got {x!r}; choose from {', '.join(choices)}")
-    return items
-
-
 def parse_budget(text: str | None, what: str = "budget") -> int | float | None:
     """`1024` tokens, `0.2` of the logical length, or `none`/`dense` for no eviction."""
     if text is None or text.strip().lower() in ("none", "dense", ""):

@@ -118,7 +118,3 @@ FINISH = ToolSpec(
 # Order matters: it is the FUNCTION #k numbering in the system prompt.
 TOOLS: tuple[ToolSpec, ...] = (FILE_EDITOR, EXECUTE_BASH, SEARCH, FINISH)
 FINISH_TOOL = FINISH.name
-
-
-def tools_by_name(tools: tuple[ToolSpec, ...] = TOOLS) -> dict[str, ToolSpec]:
-    return {t.name: t for t in tools}

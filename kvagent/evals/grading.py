@@ -17,7 +17,6 @@ that is the image's fault, recorded apart like an infrastructure error, never ch
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
 import tempfile
@@ -203,22 +202,6 @@ def _new_details(instance: Instance, patch: str) -> dict[str, Any]:
         "env_error": None,
         "environment": None,
     }
-
-
-def grade_in_sandbox(
-    instance: Instance,
-    model_patch: str | None,
-    sandbox: Any,
-    *,
-    timeout: int = DEFAULT_TIMEOUT_S,
-    log_dir: str | Path | None = None,
-    recipes: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Grade one prediction in a kvagent Sandbox that is fresh at the base commit (local or docker)."""
-    return grade_instance(
-        instance, model_patch, open_env=lambda _: contextlib.nullcontext(sandbox), timeout=timeout,
-        log_dir=log_dir, recipes=recipes,
-    )  # fmt: skip
 
 
 def grade_instance(

@@ -51,7 +51,6 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
-    first_token_s: float | None = None
 
     def emit(self, kind: str, value: Any = None) -> None:
         with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown): nobody listens
