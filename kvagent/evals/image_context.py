@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -126,9 +127,10 @@ def download_wheels(
     """Distributions for the image's Python and glibc (not the host's), dependencies included, into
     `dest`.
 
-    Wheels for the image's platform first. Old pins can predate any wheel for that Python (MarkupSafe
-    2.1.1 has no cp311 wheel): then resolve natively on a matching host, allowing sdists, which the
-    image builds offline with its own setuptools.
+    Wheels for the image's platform first; a pin with none for that Python (mpmath 1.1.0 ships only
+    an sdist) takes its sdist, from any host. Where a dependency has none either (MarkupSafe 2.1.1
+    has no cp311 wheel): resolve natively on a matching host, allowing sdists. The image builds
+    sdists offline with its own setuptools.
     """
     log(f"downloading wheels: {' '.join(requirements)}")
     abi = "cp" + python.replace(".", "")
@@ -148,7 +150,7 @@ def download_wheels(
     for plat in wheel_platforms(glibc):
         cmd += ["--platform", plat]
     try:
-        _run(cmd + list(requirements), "pip download of the pinned wheels")
+        _wheels_else_sdists(cmd, list(requirements), dest, python, log)
         for _ in range(10):  # each round adds what the last one's wheels need on the image
             unmet = unmet_for_target(dest, python)
             if not unmet:
@@ -169,6 +171,33 @@ def download_wheels(
     log("no wheel for some pins; downloading sdists for them")
     native = [sys.executable, "-m", "pip", "download", "-q", "-d", str(dest), "--prefer-binary"]
     _run(native + list(requirements), "pip download of the pinned requirements")
+
+
+_NO_MATCH = re.compile(r"No matching distribution found for (\S+)")
+
+
+def _wheels_else_sdists(cmd: list[str], requirements: list[str], dest: Path, python: str, log: Log) -> None:
+    """`pip download` of the wheels for the image's Python (`cmd`); a pin of `requirements` that has
+    no such wheel (sympy's `mpmath==1.1.0` ships only an sdist) gets its sdist instead, which the
+    image builds offline with its own setuptools, and the rest is downloaded again. Any other
+    failure is raised. An sdist's own dependencies are not resolved here: the image's install
+    names any that is missing."""
+    rest = list(requirements)
+    while True:
+        try:
+            _run(cmd + rest, "pip download of the pinned wheels")
+            return
+        except KvagentError as e:
+            m = _NO_MATCH.search(str(e))
+            if not m or m.group(1) not in rest:
+                raise
+            pin = m.group(1)
+        log(f"no wheel of {pin} for Python {python}; taking its sdist, built in the image offline")
+        sdist = [sys.executable, "-m", "pip", "download", "-q", "-d", str(dest), "--no-binary", ":all:"]
+        _run([*sdist, "--no-deps", pin], f"pip download of the sdist of {pin}")
+        rest.remove(pin)
+        if not rest:
+            return
 
 
 def _target_markers(python: str) -> dict[str, str]:
