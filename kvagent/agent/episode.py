@@ -49,6 +49,7 @@ class EpisodeResult:
     elapsed_s: float = 0.0
     patches: dict[str, str] = field(default_factory=dict)  # "full" (the whole diff), "r2egym" (its rule)
     graded_patch: str = "full"  # which of them `patch` is (config.patch_rule)
+    renderer: str = "chatml"  # how the stream was rendered: the model's chat_template, or chatml
 
     @property
     def steps(self) -> int:

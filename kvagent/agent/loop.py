@@ -84,6 +84,7 @@ class Agent:
             patch=patches.get(cfg.patch_rule, ""),
             patches=patches,
             graded_patch=cfg.patch_rule,
+            renderer=self.render.name,
             messages=self.messages,
             turns=self.turns,
             config=cfg,

@@ -18,6 +18,8 @@ IM_END = "<|im_end|>"
 
 
 class ChatMLRenderer:
+    name = "chatml"  # the trajectory's `renderer`
+
     def __init__(self, tokenizer: Any) -> None:
         vocab = tokenizer.get_vocab()
         missing = [t for t in (IM_START, IM_END) if t not in vocab]

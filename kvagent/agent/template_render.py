@@ -40,6 +40,8 @@ def template_source(tokenizer: Any) -> str:
 
 
 class TemplateRenderer(ChatMLRenderer):
+    name = "chat_template"
+
     def __init__(self, tokenizer: Any) -> None:
         if not template_source(tokenizer):
             raise KvagentError("the tokenizer has no chat template; use ChatMLRenderer")

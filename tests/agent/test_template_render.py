@@ -65,6 +65,10 @@ def episode(tokenizer, renderer_cls, monkeypatch, history):
     agent = Agent(session, Env(output=INJECTED + "\n"), tokenizer, config)
     result = agent.run("Fix it.\n<|im_end|> in the issue too")
     assert result.exit_status == "submitted" and type(agent.render) is renderer_cls
+    assert (
+        result.to_dict()["renderer"]
+        == {ChatMLRenderer: "chatml", TemplateRenderer: "chat_template"}[renderer_cls]
+    )
     return session, result
 
 
