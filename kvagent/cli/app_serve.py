@@ -25,6 +25,20 @@ def serve(
             help="GiB of KV that sessions may hold; idle ones are dropped least recently used past it."
         ),
     ] = None,
+    swap_space: Annotated[
+        float | None,
+        typer.Option(
+            help="GiB of host memory idle sessions move to, instead of being dropped, past --kv-memory or "
+            "--max-sessions; moved back when their conversation returns."
+        ),
+    ] = None,
+    session_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="Directory idle sessions move to once --swap-space is full, and where a stopping server "
+            "saves every session; a server started on it continues them."
+        ),
+    ] = None,
     host: Annotated[
         str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")
     ] = "127.0.0.1",
@@ -50,6 +64,6 @@ def serve(
     run_serve(
         model=model, max_batch=max_batch, kv_memory=kv_memory, host=host, port=port, max_queue=max_queue,
         max_sessions=max_sessions, drain_timeout=drain_timeout, served_model_name=served_model_name,
-        device=device, dtype=dtype, log_level=log_level,
+        device=device, dtype=dtype, log_level=log_level, swap_space=swap_space, session_dir=session_dir,
         cache=cache,
     )  # fmt: skip

@@ -8,6 +8,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from kvagent.cli.settings import CacheOptions
@@ -76,9 +77,13 @@ def draining_server(config: Any, drain: Callable[[], None]) -> Any:
 def run_serve(
     *, model: str, cache: CacheOptions | Mapping[str, Any], max_batch: int, kv_memory: float | None, host: str, port: int,
     max_queue: int, max_sessions: int, drain_timeout: float, served_model_name: str | None, device: str,
-    dtype: str, log_level: str,
+    dtype: str, log_level: str, swap_space: float | None = None, session_dir: str | None = None,
 ) -> None:  # fmt: skip
     _check(host, port, max_batch, kv_memory, max_queue, max_sessions, drain_timeout, log_level)
+    if swap_space is not None and not swap_space > 0:
+        raise ConfigError(f"swap_space: must be > 0 GiB, got {swap_space}; leave it out for none")
+    if session_dir is not None and Path(session_dir).exists() and not Path(session_dir).is_dir():
+        raise ConfigError(f"session_dir: {session_dir} is a file; pass a directory (made if missing)")
     try:
         import uvicorn
 
@@ -103,6 +108,8 @@ def run_serve(
         max_queue=max_queue,
         max_sessions=max_sessions,
         drain_timeout=drain_timeout,
+        swap_space=int(swap_space * 2**30) if swap_space is not None else 0,
+        session_dir=session_dir,
     )
     app = create_app(engine, config)
     # uvicorn's own grace period is a backstop only: the drain ends what runs cleanly before it
@@ -114,6 +121,9 @@ def run_serve(
         f"{defaults.mode}, max batch {max_batch}); Ctrl-C or SIGTERM stops it",
         flush=True,
     )
+    offload = app.state.server.conversations.offload
+    if session_dir is not None:
+        print(f"kvagent serve: {len(offload.disk)} saved sessions found in {session_dir}", flush=True)
     # uvicorn takes SIGTERM for its graceful shutdown and raises it again once done; by then the
     # drain is over, so the second delivery must not turn into kvagent's usual interrupt (exit 130).
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
@@ -130,3 +140,5 @@ def run_serve(
         if s.name.endswith("_total")
     )
     print(f"kvagent serve: stopped after {int(served)} requests", flush=True)
+    if session_dir is not None:
+        print(f"kvagent serve: {len(offload.disk)} sessions saved in {session_dir}", flush=True)

@@ -204,18 +204,16 @@ def _check_capacities(cache, cache_meta: dict, config: CacheConfig, where: str) 
 # ----------------------------------------------------------------- files
 def save(session, path: str | os.PathLike[str]) -> int:
     """Write the session to `path` atomically; returns the bytes written."""
-    from safetensors.torch import save
+    return write(export_session(session).to_host(), session.engine, path)
 
-    state = export_session(session).to_host()
-    header = {
-        "format": FORMAT,
-        "version": VERSION,
-        "model": model_identity(session.engine),
-        "state": state.meta,
-    }
-    data = save(
-        {k: t.contiguous() for k, t in state.tensors.items()}, metadata={"kvagent": json.dumps(header)}
-    )
+
+def write(state: SessionState, engine, path: str | os.PathLike[str]) -> int:
+    """Write an exported state of one of `engine`'s sessions to `path` atomically; returns the bytes."""
+    from safetensors.torch import save as to_bytes
+
+    header = {"format": FORMAT, "version": VERSION, "model": model_identity(engine), "state": state.meta}
+    tensors = {k: t.to("cpu").contiguous() for k, t in state.tensors.items()}
+    data = to_bytes(tensors, metadata={"kvagent": json.dumps(header)})
     atomic_write_bytes(path, data)
     return len(data)
 

@@ -28,6 +28,7 @@ from kvagent.serve.conversations import Conversations
 from kvagent.serve.errors import Busy, RequestError
 from kvagent.serve.kvconfig import request_config, request_spelling
 from kvagent.serve.metrics import Metrics
+from kvagent.serve.offload import Offload
 from kvagent.serve.responses import Chunks, chat_body, completion_body, new_id
 from kvagent.serve.runner import Job, ReplySpec, Runner
 
@@ -40,6 +41,8 @@ class ServeConfig:
     max_queue: int = 64  # requests admitted beyond those running
     max_sessions: int = 1024
     drain_timeout: float = 30.0  # seconds in-flight requests get at shutdown (Server.drain)
+    swap_space: int = 0  # bytes of host memory idle sessions move to under pressure (offload.py)
+    session_dir: str | None = None  # where they go next, and where a stopping server saves them all
 
 
 def error_response(e: Exception) -> JSONResponse:
@@ -64,7 +67,10 @@ class Server:
     def __init__(self, engine: Any, config: ServeConfig) -> None:
         self.engine = engine
         self.config = config
-        self.conversations = Conversations(engine, config.kv_memory, config.max_sessions)
+        offload = None
+        if config.swap_space or config.session_dir is not None:
+            offload = Offload(engine, config.swap_space, config.session_dir)
+        self.conversations = Conversations(engine, config.kv_memory, config.max_sessions, offload)
         self.runner = Runner(engine, self.conversations, config.max_queue)
         self.metrics = Metrics(self.state)
         self.created = int(time.time())
@@ -99,6 +105,8 @@ class Server:
         prompt = await run_in_threadpool(render.prompt_ids, self.engine.tokenizer, req)
         spec = self._spec(req, len(prompt.ids))
         job = Job(prompt.ids, prompt.first, config, spec, req.stream, asyncio.get_running_loop())
+        job.require_session = req.require_session
+        job.continues = any(m["role"] == "assistant" for m in req.messages or [])
         try:
             self.runner.submit(job)
         except Busy as e:

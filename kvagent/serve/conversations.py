@@ -15,9 +15,11 @@ chat session's first append stops before the generation prompt (render.Prompt.fi
 that drops the reply it got and adds a turn, or asks the first turn again, still continues.
 
 A session serves one request at a time; a request for a conversation that is busy starts a new
-one. Idle sessions are dropped least recently used when their KV bytes exceed the memory limit
-(or their count `max_sessions`); a dropped conversation's tokens are remembered, so its next
-request counts as restarted (`reason="dropped"`) and its re-fed tokens as re-prefilled."""
+one. Idle sessions past the memory limit (or their count `max_sessions`) leave memory least
+recently used first: moved out whole (offload.py: host memory, then disk) where the server has
+room there, and moved back when their conversation returns; else dropped. A dropped
+conversation's tokens are remembered, so its next request counts as restarted
+(`reason="dropped"`) and its re-fed tokens as re-prefilled."""
 
 from __future__ import annotations
 
@@ -34,8 +36,16 @@ from kvagent.errors import ConfigError
 from kvagent.runtime import CacheConfig
 from kvagent.serve.errors import RequestError
 from kvagent.serve.kvconfig import request_spelling
+from kvagent.serve.offload import Offload, Stored
 
 TOMBSTONES = 256  # dropped conversations remembered (their token ids only)
+GONE = {  # why a request that must continue its session cannot, by the reason it would start anew
+    "new": "no session on this server continues this conversation (never served here, or lost in a restart "
+    "without --session-dir)",
+    "dropped": "its session was dropped for memory (no room left in --swap-space or --session-dir)",
+    "busy": "its session is serving another request",
+    "diverged": "the prompt differs from its session inside the first turn",
+}
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -62,6 +72,8 @@ class Conversation:
     busy: bool = True
     kv_bytes: int = 0
     requests: int = 0
+    moving: bool = False  # its session is being moved out of memory (busy until it is gone)
+    stored: Stored | None = None  # where its session is coming back from (lease, before it is)
 
 
 @dataclass
@@ -75,30 +87,66 @@ class Plan:
     rewind: int = 0  # tokens taken back off the session's stream
     depth: str = "none"  # where the divergence was: "none" | "reply" | "deeper"
     reprefilled: int = 0  # prompt tokens this server had fed before for this conversation, fed again
+    restored: str = "none"  # continued: where its session came back from ("host" | "disk" | "none")
+    tombstone: str | None = None  # new, reason dropped: the remembered conversation it restarts
 
 
 class Conversations:
-    def __init__(self, engine: Any, kv_memory: int | None = None, max_sessions: int = 1024) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        kv_memory: int | None = None,
+        max_sessions: int = 1024,
+        offload: Offload | None = None,
+    ) -> None:
         self.engine = engine
         self.kv_memory = kv_memory
         self.max_sessions = max_sessions
+        self.offload = offload  # where idle sessions go instead of being dropped (None: dropped)
         self._lock = threading.Lock()
         self._live: dict[str, Conversation] = {}
         self._dropped: OrderedDict[str, tuple[CacheConfig, array, int]] = OrderedDict()
-        self._ids = itertools.count(1)
+        # ids continue past those of sessions a previous server left on disk
+        known = [int(s.id[1:]) for s in offload.stored() if s.id[1:].isdigit()] if offload else []
+        self._ids = itertools.count(max(known, default=0) + 1)
         self.dropped = Counter()  # reason -> sessions dropped
         self.started = Counter()  # reason -> sessions started
 
     # ----------------------------------------------------------------- leases
-    def lease(self, prompt: list[int], config: CacheConfig, first: int | None = None) -> Plan:
+    def lease(
+        self,
+        prompt: list[int],
+        config: CacheConfig,
+        first: int | None = None,
+        require: bool = False,
+        continues: bool = False,
+    ) -> Plan:
         """The conversation this prompt continues (rewind and keep set), or a new one whose first
         append will be `prompt[:first]` (default: all of it); either way held for this request
-        until `release`."""
+        until `release`. With `require` (kv_require_session), a prompt that continues a
+        conversation (`continues`: it holds an earlier reply; or one this server dropped) and
+        finds no session to continue is refused with a 409 instead of re-prefilled."""
         with self._lock:
             plan = self._match(prompt, config)
             if plan.status == "continued":
                 plan.conv.busy = True
-                return plan
+                if plan.conv.stored is None:
+                    return plan
+        if plan.status == "continued":  # a stored session: bring it back, outside the lock
+            restored = self._bring_back(plan)
+            if restored is not None:
+                return restored
+            plan = Plan(None, "new", "dropped", reprefilled=plan.keep)  # type: ignore[arg-type]
+        if require and (continues or plan.reason != "new"):
+            raise RequestError(
+                f"kv_require_session: {GONE[plan.reason]}; send it without kv_require_session to start the "
+                "conversation over (its history re-prefilled)",
+                status=409,
+                param="kv_require_session",
+            )
+        if plan.tombstone is not None:  # restarted: no longer remembered as dropped
+            with self._lock:
+                self._dropped.pop(plan.tombstone, None)
         try:
             session = self.engine.session(config)
         except ConfigError as e:
@@ -109,7 +157,25 @@ class Conversations:
         with self._lock:
             self._live[conv.id] = conv
             self.started[plan.reason] += 1
-            self._trim(keep=conv)
+            victims = self._trim(keep=conv)
+        self._move_out(victims)
+        return plan
+
+    def _bring_back(self, plan: Plan) -> Plan | None:
+        conv = plan.conv
+        stored, conv.stored = conv.stored, None
+        try:
+            conv.session = self.offload.bring_back(stored)
+            conv.kv_bytes = conv.session.stats.total_kv_bytes
+        except (ConfigError, OSError):  # unreadable (another model's file, a damaged one): lost
+            with self._lock:
+                del self._live[conv.id]
+                self.offload.failed += 1
+                self.dropped["unreadable"] += 1
+            return None
+        with self._lock:
+            victims = self._trim(keep=conv)
+        self._move_out(victims)
         return plan
 
     def _match(self, prompt: list[int], config: CacheConfig) -> Plan:
@@ -124,24 +190,39 @@ class Conversations:
             d = common_prefix(prompt, conv.session.history)
             if d >= conv.first and d > best_d:
                 best, best_d = conv, d
+        for stored in self.offload.stored() if self.offload else []:
+            d = common_prefix(prompt, stored.history) if stored.config == config else -1
+            if d >= stored.first and d > best_d:
+                best, best_d = stored, d
+        if isinstance(best, Stored) and min(best_d, len(prompt) - 1) < best.first:
+            reason, known, best = "diverged", best_d, None
+        elif isinstance(best, Stored):
+            # it continues: live again (busy, session on its way) so no other request takes it
+            self.offload.claim(best)
+            s = best
+            best = Conversation(s.id, None, s.config, s.first, list(s.history[: s.first]), s.reply_start,
+                                requests=s.requests, stored=s)  # fmt: skip
+            self._live[best.id] = best
         if best is not None:
-            history = best.session.history
+            history = best.stored.history if best.stored is not None else best.session.history
             keep = min(best_d, len(prompt) - 1)  # the last prompt token is fed again for its logits
             if keep >= best.first:
                 rewind = len(history) - keep
                 depth = "none" if not rewind else "reply" if best_d >= best.reply_start else "deeper"
+                where = best.stored.where if best.stored is not None else "none"
                 return Plan(
-                    best, "continued", "continued", keep, rewind, depth, min(len(history), len(prompt)) - keep
-                )
+                    best, "continued", "continued", keep, rewind, depth, min(len(history), len(prompt)) - keep,
+                    restored=where,
+                )  # fmt: skip
             reason, known = "diverged", best_d
+        tombstone = None
         for key, (cfg, tokens, first) in reversed(self._dropped.items()):
             if cfg == config and len(prompt) > first:
                 d = common_prefix(prompt, tokens)
                 if d >= first:
-                    del self._dropped[key]
-                    reason, known = "dropped", d
+                    reason, known, tombstone = "dropped", d, key
                     break
-        return Plan(None, "new", reason, reprefilled=min(known, len(prompt)))  # type: ignore[arg-type]
+        return Plan(None, "new", reason, reprefilled=min(known, len(prompt)), tombstone=tombstone)  # type: ignore[arg-type]
 
     def release(self, conv: Conversation, kv_bytes: int) -> None:
         with self._lock:
@@ -149,7 +230,8 @@ class Conversations:
             conv.kv_bytes = kv_bytes
             conv.last_used = time.monotonic()
             conv.requests += 1
-            self._trim(keep=conv)
+            victims = self._trim(keep=conv)
+        self._move_out(victims)
 
     def discard(self, conv: Conversation) -> None:
         """Forget a conversation whose session failed mid-request (its state is not trusted)."""
@@ -157,25 +239,54 @@ class Conversations:
             self._live.pop(conv.id, None)
 
     # ----------------------------------------------------------------- memory
-    def _trim(self, keep: Conversation) -> None:
-        """Drop idle sessions, least recently used first, while over the memory limit or count."""
+    def _trim(self, keep: Conversation) -> list[tuple[Conversation, str]]:
+        """Idle sessions, least recently used first, while over the memory limit or count: dropped
+        here without an offload, else marked moving and returned (the caller moves them out of the
+        lock, `_move_out`), with the reason."""
+        victims = []
         while True:
-            over_count = len(self._live) > self.max_sessions
+            staying = [c for c in self._live.values() if not c.moving]
+            over_count = len(staying) > self.max_sessions
             over_bytes = self.kv_memory is not None and self._bytes() > self.kv_memory
             if not (over_count or over_bytes):
-                return
-            idle = [c for c in self._live.values() if not c.busy and c is not keep]
+                return victims
+            idle = [c for c in staying if not c.busy and c is not keep]
             if not idle:
-                return
+                return victims
             victim = min(idle, key=lambda c: c.last_used)
-            del self._live[victim.id]
-            self.dropped["kv_memory" if over_bytes else "max_sessions"] += 1
-            self._dropped[victim.id] = (victim.config, array("l", victim.session.history), victim.first)
-            while len(self._dropped) > TOMBSTONES:
-                self._dropped.popitem(last=False)
+            reason = "kv_memory" if over_bytes else "max_sessions"
+            if self.offload is None:
+                del self._live[victim.id]
+                self._tombstone(
+                    victim.id, victim.config, array("l", victim.session.history), victim.first, reason
+                )
+            else:
+                victim.busy = victim.moving = True
+                victims.append((victim, reason))
+
+    def _move_out(self, victims: list[tuple[Conversation, str]]) -> None:
+        for victim, reason in victims:
+            try:
+                stored, lost = self.offload.move_out(victim)
+            finally:
+                with self._lock:
+                    del self._live[victim.id]
+            with self._lock:
+                if stored is None:
+                    history = array("l", victim.session.history)
+                    self._tombstone(victim.id, victim.config, history, victim.first, reason)
+                for s in lost:
+                    self._tombstone(s.id, s.config, s.history, s.first, reason)
+
+    def _tombstone(self, cid: str, config: CacheConfig, history: array, first: int, reason: str) -> None:
+        """Count a dropped session and remember its tokens (its next request says `dropped`)."""
+        self.dropped[reason] += 1
+        self._dropped[cid] = (config, history, first)
+        while len(self._dropped) > TOMBSTONES:
+            self._dropped.popitem(last=False)
 
     def _bytes(self) -> int:
-        return sum(c.kv_bytes for c in self._live.values())
+        return sum(c.kv_bytes for c in self._live.values() if not c.moving)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -183,9 +294,15 @@ class Conversations:
                 "live": len(self._live),
                 "busy": sum(c.busy for c in self._live.values()),
                 "kv_bytes": self._bytes(),
+                **(self.offload.snapshot() if self.offload else {}),
             }
 
     def close(self) -> None:
+        """Forget every session; with a session dir, save each (idle by now) for the next server."""
         with self._lock:
+            if self.offload is not None:
+                self.offload.save_all(
+                    [c for c in self._live.values() if c.session is not None and not c.busy]
+                )
             self._live.clear()
             self._dropped.clear()

@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 START_REASONS = ("new", "busy", "dropped", "diverged")
-DROP_REASONS = ("kv_memory", "max_sessions")
+DROP_REASONS = ("kv_memory", "max_sessions", "unreadable")
+PLACES = ("host", "disk")  # where an idle session moves out to (--swap-space, --session-dir)
 DIVERGENCE = ("none", "reply", "deeper")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300, 600)
 
@@ -135,3 +136,27 @@ class _StateCollector:
         for reason in DROP_REASONS:
             dropped.add_metric([reason], s["dropped"].get(reason, 0))
         yield dropped
+        yield from _offload_metrics(s)
+
+
+def _offload_metrics(s: dict[str, Any]):
+    """Sessions moved out of memory and back (offload.py); zeros without --swap-space/--session-dir."""
+    for name, doc, key in (
+        ("kvagent_sessions_swapped", "Idle sessions held in host memory (--swap-space).", "swapped"),
+        ("kvagent_sessions_on_disk", "Sessions held in --session-dir.", "on_disk"),
+        ("kvagent_swap_bytes", "Bytes of the sessions held in host memory.", "swap_bytes"),
+        ("kvagent_swap_space_bytes", "--swap-space in bytes (0: none).", "swap_space"),
+    ):
+        yield GaugeMetricFamily(name, doc, value=s.get(key, 0))
+    for name, doc, key, label, values in (
+        ("kvagent_session_swap_outs", "Sessions moved out of memory, by where to.", "swap_outs", "where", PLACES),
+        ("kvagent_session_swap_ins", "Sessions moved back into memory, by where from.", "swap_ins", "where", PLACES),
+        ("kvagent_session_swap_moved_bytes", "Session state bytes moved, out or in.", "swap_moved_bytes",
+         "direction", ("out", "in")),
+        ("kvagent_session_swap_seconds", "Seconds spent moving sessions, out or in.", "swap_seconds",
+         "direction", ("out", "in")),
+    ):  # fmt: skip
+        family = CounterMetricFamily(name, doc, labels=[label])
+        for v in values:
+            family.add_metric([v], s.get(key, {}).get(v, 0))
+        yield family

@@ -42,6 +42,7 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
     kv: dict[str, Any] = field(default_factory=dict)  # the kv_* fields given
+    require_session: bool = False  # kv_require_session: a 409 rather than re-prefilling a lost session
 
 
 def _loads(raw: bytes) -> dict[str, Any]:
@@ -166,6 +167,7 @@ COMMON: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     "include_stop_str_in_output": ("include_stop_str_in_output", _bool("include_stop_str_in_output")),
     "skip_special_tokens": ("skip_special_tokens", _bool("skip_special_tokens")),
     "stream": ("stream", _bool("stream")),
+    "kv_require_session": ("require_session", _bool("kv_require_session")),
     "stream_options": ("include_usage", _stream_options),
     "n": (None, _only("n", 1, why="one choice per request; send n requests")),
     "best_of": (None, _only("best_of", 1, why="one choice per request")),

@@ -51,6 +51,8 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    require_session: bool = False  # kv_require_session
+    continues: bool = False  # the prompt holds an earlier reply of its conversation
 
     def emit(self, kind: str, value: Any = None) -> None:
         with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown): nobody listens
@@ -72,7 +74,7 @@ def _counts(stats) -> dict[str, int]:
 
 def serve_job(conversations: Conversations, job: Job) -> Outcome:
     """Continue (or start) the prompt's conversation and sample its reply."""
-    plan = conversations.lease(job.prompt, job.config, job.first)
+    plan = conversations.lease(job.prompt, job.config, job.first, job.require_session, job.continues)
     conv = plan.conv
     session = conv.session
     healthy = False
@@ -119,6 +121,7 @@ def serve_job(conversations: Conversations, job: Job) -> Outcome:
         "kv_rewound_tokens": plan.rewind,
         "kv_reprefilled_tokens": plan.reprefilled,
         "kv_prefill_tokens": delta["prefill_tokens"],
+        "kv_session_restored": plan.restored,  # where a moved-out session came back from: host, disk, none
     }
     info = {
         "session": conv.id,

@@ -1,0 +1,186 @@
+"""Where idle sessions go instead of being dropped: host memory (`--swap-space`), then disk
+(`--session-dir`), least recently used first; and where a stopping server leaves its sessions for
+the next one (`--session-dir`).
+
+A session moves out whole and exactly (`runtime.persist`: its evicted cache, policy state, stream,
+generator), so a conversation that comes back continues as if it had never left; re-prefilling
+its history would instead change the experiment's protocol (a dense prefill and one round). Host
+memory holds the most recently moved-out sessions: when it is full, its oldest go to disk, or are
+dropped (counted) where there is no disk. A session on disk is a `<id>.kvs` file (persist's format)
+and a `<id>.json` beside it: what matching a request needs without loading the file (its config,
+first append and token history)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from array import array
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvagent.errors import ConfigError
+from kvagent.fileio import atomic_write_json
+from kvagent.runtime import CacheConfig, persist
+
+
+@dataclass(eq=False)
+class Stored:
+    """A conversation whose session is out of memory: on the host (`state`) or on disk (`path`)."""
+
+    id: str
+    config: CacheConfig
+    first: int
+    history: array
+    reply_start: int
+    requests: int
+    nbytes: int
+    state: persist.SessionState | None = None
+    path: Path | None = None
+
+    @property
+    def where(self) -> str:
+        return "host" if self.state is not None else "disk"
+
+
+class Offload:
+    """Not thread-safe: the caller (Conversations) holds its lock around index changes; the copies
+    themselves run outside it, on a conversation nobody else can lease while it moves."""
+
+    def __init__(self, engine: Any, swap_bytes: int = 0, session_dir: str | os.PathLike[str] | None = None):
+        self.engine = engine
+        self.swap_bytes = swap_bytes
+        self.dir = Path(session_dir) if session_dir is not None else None
+        self.host: OrderedDict[str, Stored] = OrderedDict()  # oldest first
+        self.disk: dict[str, Stored] = {}
+        self.outs, self.ins = Counter(), Counter()  # by where: "host" | "disk"
+        self.bytes = Counter()  # "out" | "in"
+        self.seconds = Counter()
+        self.failed = 0  # sessions that could not be read back (counted as dropped)
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._scan()
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(s.nbytes for s in self.host.values())
+
+    def stored(self) -> list[Stored]:
+        return [*self.host.values(), *self.disk.values()]
+
+    def claim(self, stored: Stored) -> None:
+        """Take `stored` out of the index (its conversation is coming back)."""
+        self.host.pop(stored.id, None)
+        self.disk.pop(stored.id, None)
+
+    # ----------------------------------------------------------------- out
+    def move_out(self, conv: Any) -> tuple[Stored | None, list[Stored]]:
+        """Export `conv`'s session; to the host if it fits there (spilling the oldest host sessions
+        to disk, or dropping them without one), else to disk. Returns the stored entry (None: no
+        room anywhere, the session is dropped) and the host sessions dropped for room."""
+        t0 = time.perf_counter()
+        session = conv.session
+        state = persist.export_session(session)
+        cuda = self.engine.device.type == "cuda"
+        entry = Stored(conv.id, conv.config, conv.first, array("l", session.history), conv.reply_start,
+                       conv.requests, state.nbytes)  # fmt: skip
+        dropped: list[Stored] = []
+        if entry.nbytes <= self.swap_bytes:
+            while self.host and self.host_bytes + entry.nbytes > self.swap_bytes:
+                _, old = self.host.popitem(last=False)
+                if self.dir is None or not self._to_disk(old, old.state):
+                    dropped.append(old)
+            entry.state = state.to_host(pin=cuda)
+            self.host[entry.id] = entry
+        elif self.dir is None or not self._to_disk(entry, state):
+            return None, dropped
+        self.outs[entry.where] += 1
+        self.bytes["out"] += entry.nbytes
+        self.seconds["out"] += time.perf_counter() - t0
+        return entry, dropped
+
+    def _to_disk(self, entry: Stored, state: persist.SessionState) -> bool:
+        """Write `entry` to the session dir; False where the disk refuses (full: it is dropped)."""
+        path = self.dir / f"{entry.id}.kvs"
+        try:
+            persist.write(state, self.engine, path)
+            atomic_write_json(self.dir / f"{entry.id}.json", _sidecar(entry))
+        except OSError:
+            path.unlink(missing_ok=True)
+            return False
+        if entry.state is not None:  # spilled from the host
+            self.outs["disk"] += 1
+        entry.state, entry.path = None, path
+        self.disk[entry.id] = entry
+        return True
+
+    def save_all(self, convs: list[Any]) -> int:
+        """At shutdown: every session in memory and on the host goes to disk. Returns how many."""
+        if self.dir is None:
+            return 0
+        n = 0
+        for conv in convs:
+            state = persist.export_session(conv.session)
+            entry = Stored(conv.id, conv.config, conv.first, array("l", conv.session.history),
+                           conv.reply_start, conv.requests, state.nbytes)  # fmt: skip
+            if self._to_disk(entry, state):
+                self.outs["disk"] += 1
+                n += 1
+        for entry in list(self.host.values()):
+            n += self._to_disk(entry, entry.state)
+        self.host.clear()
+        return n
+
+    # ----------------------------------------------------------------- in
+    def bring_back(self, stored: Stored):
+        """The claimed conversation's session, live again (a disk file is removed once loaded: the
+        session in memory is newer). A ConfigError or OSError where it cannot be read back."""
+        t0 = time.perf_counter()
+        if stored.state is not None:
+            session = persist.import_session(self.engine, stored.state)
+        else:
+            session = persist.load(stored.path, self.engine)
+            stored.path.unlink(missing_ok=True)
+            (self.dir / f"{stored.id}.json").unlink(missing_ok=True)
+        self.ins[stored.where] += 1
+        self.bytes["in"] += stored.nbytes
+        self.seconds["in"] += time.perf_counter() - t0
+        return session
+
+    def _scan(self) -> None:
+        """The sessions a previous server left in the session dir."""
+        for side in sorted(self.dir.glob("*.json")):
+            path = side.with_suffix(".kvs")
+            try:
+                d = json.loads(side.read_text())
+                entry = Stored(side.stem, CacheConfig(**d["config"]), d["first"], array("l", d["history"]),
+                               d["reply_start"], d["requests"], d["nbytes"], path=path)  # fmt: skip
+            except (OSError, ValueError, KeyError, TypeError, ConfigError):
+                continue  # not ours, or half of a pair: ignored, never deleted
+            if path.exists():
+                self.disk[entry.id] = entry
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "swapped": len(self.host),
+            "on_disk": len(self.disk),
+            "swap_bytes": self.host_bytes,
+            "swap_space": self.swap_bytes,
+            "swap_outs": dict(self.outs),
+            "swap_ins": dict(self.ins),
+            "swap_moved_bytes": dict(self.bytes),
+            "swap_seconds": dict(self.seconds),
+        }
+
+
+def _sidecar(entry: Stored) -> dict[str, Any]:
+    return {
+        "config": entry.config.to_dict(),
+        "first": entry.first,
+        "history": entry.history.tolist(),
+        "reply_start": entry.reply_start,
+        "requests": entry.requests,
+        "nbytes": entry.nbytes,
+    }
