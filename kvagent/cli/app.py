@@ -139,13 +139,20 @@ def chat(
     device: Device = "auto",
     dtype: Dtype = "auto",
     isolation: Isolation = "bwrap",
+    session: Annotated[
+        str | None,
+        typer.Option(
+            help="Save the chat to this file when it ends; if it exists, continue the chat saved there "
+            "(its cache exactly, the agent's edits re-applied)."
+        ),
+    ] = None,
 ) -> None:
     """Interactive agent over a local repository with a bounded cache."""
     from kvagent.cli.chat import run_chat
 
     run_chat(
         repo=repo, model=model, approval=approval, device=device, dtype=dtype, isolation=isolation,
-        cache=cache, agent=agent.fixed(seed=cache.seed),
+        cache=cache, agent=agent.fixed(seed=cache.seed), session_file=session,
     )  # fmt: skip
 
 

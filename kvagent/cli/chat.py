@@ -337,10 +337,12 @@ def run_chat(
     dtype: str = "auto",
     isolation: str = "bwrap",
     console: Console | None = None,
+    session_file: str | None = None,
 ) -> ChatSession:
     """`kvagent chat`: validate, load the model, copy the repository (default: the current directory)
-    into a sandbox, then chat."""
-    from kvagent.cli import environments
+    into a sandbox, then chat. With `session_file`, a chat saved there continues (its cache config
+    is the saved one) and the chat is saved there when it ends (chat_resume.py)."""
+    from kvagent.cli import chat_resume, environments
     from kvagent.cli.common import load_engine, sandbox_workdir
     from kvagent.cli.settings import agent_config_of, cache_config_of
     from kvagent.cli.solve import check_before_sandbox, sandbox_spec
@@ -356,7 +358,9 @@ def run_chat(
     engine = load_engine(model, device=device, dtype=dtype)
     # The first request is not known yet: its prompt counted without it (the least it can be).
     check_before_sandbox(engine, cfg, config, "", sandbox_workdir(spec["backend"]))
-    session = engine.session(cfg)
+    resume = session_file is not None and Path(session_file).exists()
+    session = engine.load_session(session_file) if resume else engine.session(cfg)
+    cfg = session.config
     with open_sandbox(**spec) as sandbox:
         console.print(
             Text(
@@ -376,7 +380,14 @@ def run_chat(
             budget=cfg.budget if cfg.evicts else None,
             buffer=cfg.buffer,
         )
+        if resume:
+            chat_resume.resume_chat(chat, session_file)
+            note = f"continuing the chat saved in {session_file} ({session.logical_length:,} tokens)"
+            console.print(Text(note, style="dim"))
         chat.run()
+        if session_file is not None:
+            size = chat_resume.save_chat(chat, session_file)
+            console.print(Text(f"chat saved to {session_file} ({size:,} bytes)", style="dim"))
     if chat.error:
         raise KvagentError(f"chat ended on an error: {chat.error}")
     return chat
