@@ -6,7 +6,8 @@ recent-buffer framework the r-token recent buffer is kept outside K, so the rule
 prompt must fit K, not K + 2r); only the first round comes later (at K + 2r instead of K + r).
 
 The session applies it at its first append; commands apply it earlier (before a sandbox opens or a
-benchmark starts) with the prompt's length from the tokenizer."""
+benchmark starts) with the prompt's length from the tokenizer. When the first round comes and what K
+each layer has there are the Schedule's (schedule.py), which the evictor asks too."""
 
 from __future__ import annotations
 
@@ -15,30 +16,7 @@ from typing import Any
 
 from kvagent.errors import ConfigError
 from kvagent.runtime.config import SINK_TOKENS, CacheConfig
-
-_SEARCH_LIMIT = 1 << 26  # logical tokens; no first round below it = none that matters
-
-
-def _policy(config: CacheConfig, policy: Any) -> Any:
-    if policy is None:
-        from kvagent.runtime.policies import make_policy
-        from kvagent.runtime.policies.base import model_defaults
-
-        filled = model_defaults(config.policy, {"window": config.window}, config.policy_args)
-        policy = make_policy(config.policy, **filled, **config.policy_args)
-    return policy
-
-
-def layer_budgets(config: CacheConfig, policy: Any, n_layers: int, logical_length: int) -> list[int]:
-    """Each layer's K at `logical_length` (a fractional budget is that fraction of it)."""
-    b = config.budget
-    k = b if isinstance(b, int) else max(1, int(b * logical_length))
-    budgets = [int(x) for x in policy.layer_budgets(k, n_layers)]
-    if len(budgets) != n_layers:
-        raise RuntimeError(
-            f"{config.policy}.layer_budgets returned {len(budgets)} budgets for {n_layers} layers"
-        )
-    return budgets
+from kvagent.runtime.schedule import Schedule
 
 
 def check_budget(config: CacheConfig, policy: Any, max_context: int | None) -> None:
@@ -61,37 +39,8 @@ def check_budget(config: CacheConfig, policy: Any, max_context: int | None) -> N
 def first_round(
     config: CacheConfig, policy: Any, n_layers: int, prompt_length: int, layer: int
 ) -> int | None:
-    """The logical length at which `layer` first evicts, where it can be known before the episode
-    (None: no round, or one whose timing depends on the episode)."""
-    b, r, recent = config.budget, config.buffer, config.recent
-    if config.mode == "reprefill":
-        # Every append rebuilds the cache and cuts it to K (+ the recent buffer) at once.
-        k = layer_budgets(config, policy, n_layers, prompt_length)[layer]
-        if prompt_length > k + recent:
-            return prompt_length
-        if not isinstance(b, int):
-            return None
-    shared = config.cadence == "shared"
-    if isinstance(b, int):
-        ks = layer_budgets(config, policy, n_layers, 0)
-        # shared: the first layer's trigger, or later if this layer does not yet hold more than K + r
-        return max(min(ks) + recent + r, ks[layer] + recent + 1) if shared else ks[layer] + recent + r
-
-    # A fraction: the first length that reaches K(L) + r (+ r), by bisection (L - K(L) grows with L).
-    def due(n: int) -> bool:
-        ks = layer_budgets(config, policy, n_layers, n)
-        if shared:
-            return n > ks[layer] + recent and n >= min(ks) + recent + r
-        return n >= ks[layer] + recent + r
-
-    if not due(_SEARCH_LIMIT):
-        return None
-    lo, hi = 1, _SEARCH_LIMIT
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if due(mid) else (mid + 1, hi)
-    # With scope=prefill, decoding never evicts: past the prompt, the round waits for the next append.
-    return lo if config.scope == "prefill+decode" or lo <= prompt_length else None
+    """`Schedule.first_round` of these settings."""
+    return Schedule(config, policy, n_layers).first_round(prompt_length, layer)
 
 
 def prompt_fit_problem(
@@ -101,12 +50,12 @@ def prompt_fit_problem(
     tokens (None if it can). `option` is the flag the advice names (eval's is --budgets)."""
     if not config.evicts or config.protect == "none":
         return None
-    policy = _policy(config, policy)
+    schedule = Schedule.of(config, n_layers, policy)
     for layer in range(n_layers):
-        at = first_round(config, policy, n_layers, prompt_length, layer)
+        at = schedule.first_round(prompt_length, layer)
         if at is None:
             continue
-        k = layer_budgets(config, policy, n_layers, at)[layer]
+        k = schedule.layer_budgets(at)[layer]
         protected = prompt_length if config.protect == "prompt" else min(SINK_TOKENS, at)
         if protected < k:
             continue

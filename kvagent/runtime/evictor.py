@@ -10,7 +10,6 @@ the evictor never reads the session.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable
 
@@ -18,12 +17,12 @@ import torch
 
 from kvagent.errors import ConfigError
 from kvagent.runtime.audit import AuditRound
-from kvagent.runtime.budget import layer_budgets
 from kvagent.runtime.cache import EvictableCache, keep_index
 from kvagent.runtime.config import SINK_TOKENS, CacheConfig
 from kvagent.runtime.eviction import build_view, pad_state, round_generator, select
 from kvagent.runtime.heads import HeadLayer, select_adaptive
 from kvagent.runtime.policies.base import BasePolicy
+from kvagent.runtime.schedule import Schedule
 from kvagent.runtime.stats import CacheStats
 
 # H2O-style policies fold their pending queries into state once this many have accumulated, so a
@@ -32,14 +31,8 @@ ABSORB_EVERY = 1024
 
 
 def pool_capacities(config: CacheConfig, policy: BasePolicy, n_layers: int) -> tuple[int, ...] | None:
-    """Each layer's most entries (K_l + 2r under recent-buffer, K_l + r under topk-all) when fixed
-    for the session's life (an evicting session with a token budget and uniform heads): the slot
-    pool it can live in on a batching engine. None otherwise (dense, fractional or adaptive caches
-    stay private)."""
-    if not config.evicts or not isinstance(config.budget, int) or config.adaptive_heads:
-        return None
-    extra = config.recent + config.buffer
-    return tuple(k + extra for k in layer_budgets(config, policy, n_layers, 0))
+    """Each layer's most entries when fixed for the session's life: `Schedule.capacities`."""
+    return Schedule(config, policy, n_layers).capacities()
 
 
 class DenseSnapshot:
@@ -79,7 +72,7 @@ class Evictor:
         self.adaptive = config.adaptive_heads
         self.audit: list[AuditRound] | None = [] if config.audit else None
         self.round_index = 0  # orders audit records: every round and every forced drop counts one
-        self._budgets: dict[int, list[int]] = {}
+        self.schedule = Schedule(config, policy, n_layers)  # each layer's K, when rounds are due
         self.reset()
 
     # ----------------------------------------------------------------- the cache
@@ -121,26 +114,13 @@ class Evictor:
     # ----------------------------------------------------------------- when rounds are due
     def layer_budgets(self, logical_length: int) -> list[int]:
         """Each layer's K at this logical length (fixed for a token budget)."""
-        b = self.config.budget
-        k = b if isinstance(b, int) else max(1, int(b * logical_length))
-        if k not in self._budgets:
-            self._budgets[k] = layer_budgets(self.config, self.policy, self.n_layers, logical_length)
-        return self._budgets[k]
+        return self.schedule.layer_budgets(logical_length)
 
     def tokens_before_round(self, logical_length: int) -> int:
-        """Tokens that can be fed before some layer reaches its trigger, K + r plus the recent
-        buffer (<= 0: a round is due)."""
-        if not self.config.evicts:
-            return 1 << 62
-        budgets = self.layer_budgets(logical_length)
-        top = self.config.recent + self.config.buffer
-        room = min(k + top - n for k, n in zip(budgets, self.cache.loads(), strict=True))
-        b = self.config.budget
-        if isinstance(b, float) and room > 0:
-            # K grows with the episode for a fractional budget; stretch the chunk so it still ends
-            # exactly at the trigger instead of creeping towards it in ever smaller chunks.
-            room = math.ceil(room / (1.0 - b))
-        return room
+        """Tokens that can be fed before some layer reaches its trigger (<= 0: a round is due)."""
+        if not self.config.evicts:  # the cache is never read
+            return self.schedule.room(logical_length, [])
+        return self.schedule.room(logical_length, self.cache.loads())
 
     def make_room(self, logical_length: int, prompt_length: int | None) -> int:
         """Run the rounds due before the next forward; returns how many tokens it may feed (>= 1)."""
@@ -158,15 +138,9 @@ class Evictor:
         under topk-all), or, with to_budget, holds more than a round leaves (K + r, or K); under
         cadence "shared", once one layer is due, on every layer holding more than a round leaves."""
         budgets = self.layer_budgets(logical_length)
-        recent = self.config.recent
-        r = 0 if to_budget else self.config.buffer
-        loads = self.cache.loads()
-        over = [li for li, (k, n) in enumerate(zip(budgets, loads, strict=True)) if n > k + recent]
-        due = [li for li in over if loads[li] >= budgets[li] + recent + r]
+        due = self.schedule.due(logical_length, self.cache.loads(), to_budget)
         if not due:
             return
-        if self.config.cadence == "shared":
-            due = over  # the layers not yet at their trigger cut too, so all stay in one phase
         n_prot = self._n_protected(logical_length, prompt_length)
         for li in due:
             if n_prot >= budgets[li]:

@@ -1,0 +1,146 @@
+"""When a session's eviction rounds come: the one object that the evictor asks while it runs and
+every check before a run (a command's budget refusal, eval's grid check, serve's request check, the
+study's and fidelity's eligibility, through `budget.prompt_fit_problem`) asks before anything slow.
+
+Built from a CacheConfig, the policy and the model's layer count, it owns:
+- each layer's K (`layer_budgets`): the policy's split of the budget, where a fractional budget is
+  that fraction of the logical length (`tokens`, the one place that rule lives);
+- the trigger: a layer's round runs when it holds K + r + recent entries (K + 2r under
+  recent-buffer, K + r under topk-all) and leaves K + recent; under cadence "shared" every layer
+  holding more than that cuts too once one is due (`due`);
+- the room left before a round (`room`), and when the first round comes (`first_round`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kvagent.runtime.config import CacheConfig
+
+_SEARCH_LIMIT = 1 << 26  # logical tokens; no first round below it = none that matters
+NO_ROUND = 1 << 62  # the room of a cache that never evicts
+
+
+def make_policy_for(config: CacheConfig) -> Any:
+    """The policy object of `config`, with what it needs from the model at its defaults (the
+    session fills those from the engine; a check before the engine loads needs none of them)."""
+    from kvagent.runtime.policies import make_policy
+    from kvagent.runtime.policies.base import model_defaults
+
+    filled = model_defaults(config.policy, {"window": config.window}, config.policy_args)
+    return make_policy(config.policy, **filled, **config.policy_args)
+
+
+class Schedule:
+    """Not thread-safe (it caches each K's split); one per session or check."""
+
+    def __init__(self, config: CacheConfig, policy: Any, n_layers: int) -> None:
+        self.config = config
+        self.policy = policy
+        self.n_layers = n_layers
+        self._split: dict[int, list[int]] = {}
+
+    @classmethod
+    def of(cls, config: CacheConfig, n_layers: int, policy: Any = None) -> Schedule:
+        """A schedule for a check made before a session exists (`policy`: built from `config` if None)."""
+        return cls(config, make_policy_for(config) if policy is None else policy, n_layers)
+
+    # ----------------------------------------------------------------- K
+    def tokens(self, logical_length: int) -> int:
+        """The budget in tokens at this logical length: a token budget as it is, a fraction of the
+        logical length at least 1."""
+        b = self.config.budget
+        return b if isinstance(b, int) else max(1, int(b * logical_length))
+
+    def layer_budgets(self, logical_length: int) -> list[int]:
+        """Each layer's K at this logical length (fixed for a token budget)."""
+        k = self.tokens(logical_length)
+        if k not in self._split:
+            split = [int(x) for x in self.policy.layer_budgets(k, self.n_layers)]
+            if len(split) != self.n_layers:
+                raise RuntimeError(
+                    f"{self.config.policy}.layer_budgets returned {len(split)} budgets for {self.n_layers} layers"
+                )
+            self._split[k] = split
+        return self._split[k]
+
+    # ----------------------------------------------------------------- the trigger
+    @property
+    def kept(self) -> int:
+        """What a round leaves beyond K: the recent buffer (r under recent-buffer, else 0)."""
+        return self.config.recent
+
+    @property
+    def headroom(self) -> int:
+        """Entries a layer takes beyond what a round leaves before its next round: r."""
+        return self.config.buffer
+
+    def capacities(self) -> tuple[int, ...] | None:
+        """Each layer's most entries (its trigger) when fixed for the session's life (an evicting
+        cache with a token budget and uniform heads): the slot pool it can live in on a batching
+        engine. None otherwise (dense, fractional or adaptive caches stay private)."""
+        c = self.config
+        if not c.evicts or not isinstance(c.budget, int) or c.adaptive_heads:
+            return None
+        return tuple(k + self.kept + self.headroom for k in self.layer_budgets(0))
+
+    def room(self, logical_length: int, loads: list[int]) -> int:
+        """Tokens that can be fed before some layer holding `loads` reaches its trigger (<= 0: a
+        round is due)."""
+        if not self.config.evicts:
+            return NO_ROUND
+        top = self.kept + self.headroom
+        room = min(k + top - n for k, n in zip(self.layer_budgets(logical_length), loads, strict=True))
+        b = self.config.budget
+        if isinstance(b, float) and room > 0:
+            # K grows with the episode for a fractional budget; stretch the chunk so it still ends
+            # exactly at the trigger instead of creeping towards it in ever smaller chunks.
+            room = math.ceil(room / (1.0 - b))
+        return room
+
+    def due(self, logical_length: int, loads: list[int], to_budget: bool = False) -> list[int]:
+        """The layers whose round runs now: those at their trigger or, with `to_budget` (a
+        reprefill's rebuild), every one holding more than a round leaves; under cadence "shared",
+        once one is due, every layer holding more than a round leaves, so all stay in one phase."""
+        budgets = self.layer_budgets(logical_length)
+        r = 0 if to_budget else self.headroom
+        over = [li for li, (k, n) in enumerate(zip(budgets, loads, strict=True)) if n > k + self.kept]
+        due = [li for li in over if loads[li] >= budgets[li] + self.kept + r]
+        if due and self.config.cadence == "shared":
+            return over
+        return due
+
+    # ----------------------------------------------------------------- before the episode
+    def first_round(self, prompt_length: int, layer: int) -> int | None:
+        """The logical length at which `layer` first evicts, where it can be known before the
+        episode (None: no round, or one whose timing depends on the episode)."""
+        c = self.config
+        b, r, recent = c.budget, self.headroom, self.kept
+        if c.mode == "reprefill":
+            # Every append rebuilds the cache and cuts it to K (+ the recent buffer) at once.
+            k = self.layer_budgets(prompt_length)[layer]
+            if prompt_length > k + recent:
+                return prompt_length
+            if not isinstance(b, int):
+                return None
+        shared = c.cadence == "shared"
+        if isinstance(b, int):
+            ks = self.layer_budgets(0)
+            # shared: the first layer's trigger, or later if this layer does not yet hold more than K + r
+            return max(min(ks) + recent + r, ks[layer] + recent + 1) if shared else ks[layer] + recent + r
+
+        # A fraction: the first length that reaches K(L) + r (+ r), by bisection (L - K(L) grows with L).
+        def due(n: int) -> bool:
+            ks = self.layer_budgets(n)
+            if shared:
+                return n > ks[layer] + recent and n >= min(ks) + recent + r
+            return n >= ks[layer] + recent + r
+
+        if not due(_SEARCH_LIMIT):
+            return None
+        lo, hi = 1, _SEARCH_LIMIT
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if due(mid) else (mid + 1, hi)
+        # With scope=prefill, decoding never evicts: past the prompt, the round waits for the next append.
+        return lo if c.scope == "prefill+decode" or lo <= prompt_length else None
