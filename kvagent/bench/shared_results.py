@@ -4,7 +4,7 @@ N replays at a time, where threads in one process would share one forward. Each 
 before it starts (a file under OUT/running naming the claiming process) and each finished record is
 merged into the results file under a lock, so no run is done twice, none is lost, and a process that
 dies leaves only its run in progress: its claim names a dead process, which the next claimant
-ignores. Processes on one machine (a claim's owner is checked by pid)."""
+ignores. Processes on one machine (a claim's owner is checked by pid and start time)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,10 @@ from pathlib import Path
 
 from kvagent.errors import ConfigError
 from kvagent.fileio import atomic_write_json
+from kvagent.sandbox.owner import process_start, still_running
 
 RUNNING = "running"  # directory under the out dir: one claim file per run in progress
 LOCK = ".results.lock"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
 
 
 def read_records(path: Path) -> list[dict]:
@@ -52,7 +43,9 @@ class SharedResults:
         self.path = Path(results)
         self.key = key
         self.claims = self.path.parent / RUNNING
-        self.owner = {"pid": os.getpid(), "token": uuid.uuid4().hex}
+        me = os.getpid()
+        # the start time too, so a claim whose pid a new process took counts as its owner's, gone
+        self.owner = {"pid": me, "start": process_start(me) or "0", "token": uuid.uuid4().hex}
 
     @contextlib.contextmanager
     def _locked(self):
@@ -81,7 +74,11 @@ class SharedResults:
                 held = json.loads(f.read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError):
                 held = None
-            if held and held != self.owner and _alive(int(held.get("pid", -1))):
+            if (
+                held
+                and held != self.owner
+                and still_running(int(held.get("pid", -1)), str(held.get("start", "0")))
+            ):
                 return False
             atomic_write_json(f, self.owner)
             return True

@@ -16,6 +16,7 @@ Ray is imported only inside `RayExecutor`, so nothing else in kvagent pulls it i
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -29,13 +30,16 @@ from typing import Any
 from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.runner import RUNS_FILE, EvalRun, EvalRunner
 from kvagent.fileio import atomic_write_bytes
+from kvagent.sandbox.owner import process_start, still_running
 
 MakeRunner = Callable[[], EvalRunner]  # its run_dir is replaced by each run's temp dir
 # on_event(event, engine index, run or None, payload): "ready" (payload: the engine's node info),
 # "start", "finished" (payload: the record), "requeued", "dropped" (a run that killed its engine
 # too often; left for the next invocation), "lost" (the engine died; it may restart), "dead".
 OnEvent = Callable[[str, int, EvalRun | None, Any], None]
-RUN_TMP_PREFIX = "kvagent-run-"  # + "<actor pid>-": a run's files on its node until they are sent
+RUN_TMP_PREFIX = "kvagent-run-"  # + "<actor pid>-<its start>-": a run's files on its node until they are sent
+# the actor's pid and start time (a dir of an older kvagent names only the pid)
+_RUN_DIR = re.compile(rf"^{re.escape(RUN_TMP_PREFIX)}(\d+)-(?:(\d+)-)?")
 
 
 class EngineWorker:
@@ -70,7 +74,9 @@ class EngineWorker:
     def run(self, run: EvalRun) -> tuple[dict[str, Any], dict[str, bytes]]:
         """One episode (and its grading) on this node; its record and the files it wrote."""
         runner = self._ensure_runner()
-        with tempfile.TemporaryDirectory(prefix=f"{RUN_TMP_PREFIX}{os.getpid()}-") as tmp:
+        with tempfile.TemporaryDirectory(
+            prefix=f"{RUN_TMP_PREFIX}{os.getpid()}-{process_start(os.getpid()) or 0}-"
+        ) as tmp:
             # Same engine and settings; only where this run's files go differs (concurrent runs).
             record = replace(runner, run_dir=Path(tmp)).run_one(run)
             return record, read_tree(Path(tmp))
@@ -81,21 +87,11 @@ def sweep_stale_run_dirs(base: str | Path | None = None) -> list[Path]:
     clean up after itself); returns those removed."""
     removed = []
     for path in Path(base or tempfile.gettempdir()).glob(f"{RUN_TMP_PREFIX}*-*"):
-        pid = path.name[len(RUN_TMP_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        owner = _RUN_DIR.match(path.name)
+        if owner and not still_running(int(owner.group(1)), owner.group(2) or "0"):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def read_tree(root: Path) -> dict[str, bytes]:

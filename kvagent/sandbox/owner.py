@@ -58,6 +58,17 @@ def process_start(pid: int) -> str | None:
     return fields[19]
 
 
+def still_running(pid: int, start: str = "0") -> bool:
+    """Whether process `pid` on this host is still the one that started at `start` (its
+    `process_start` when it was recorded; "0" or "": not known, then any live process of that pid
+    counts): the one check of "is this process still the one we started", so a reused pid is not
+    taken for the process that is gone. Sandboxes' owners, Ray actors' run dirs and bench claims ask it."""
+    now = process_start(pid)
+    if now is None:
+        return False
+    return not (now and start not in ("0", "") and now != start)  # the pid was reused
+
+
 def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -81,12 +92,7 @@ class Owner:
     def alive(self) -> bool:
         """False only when this host can tell the owner is gone; an owner on another host (a
         shared Docker daemon) counts as alive."""
-        if self.host != socket.gethostname():
-            return True
-        start = process_start(self.pid)
-        if start is None:
-            return False
-        return not (start and self.start != "0" and start != self.start)  # the pid was reused
+        return self.host != socket.gethostname() or still_running(self.pid, self.start)
 
     def labels(self) -> dict[str, str]:
         return {PID_LABEL: str(self.pid), START_LABEL: self.start, HOST_LABEL: self.host}
