@@ -62,6 +62,8 @@ class AgentConfig:
     prompt_texts: tuple[tuple[str, str], ...] | None = None
     # R2E-Gym's tool scripts of `r2egym_path` (name, bytes), read once: the sandbox installs these.
     tool_scripts: tuple[tuple[str, bytes], ...] | None = None
+    # chardet for them where the image has none, as R2E-Gym installs it: (lowest Python, wheel bytes)
+    tool_wheels: tuple[tuple[str, bytes], ...] | None = None
     # What the model's generation_config.json said (set by `with_model_defaults`), for the record.
     model_sampling: tuple[tuple[str, Any], ...] = ()
     sampling_from_model: tuple[str, ...] = ()  # the fields taken from it
@@ -97,6 +99,11 @@ class AgentConfig:
 
             scripts = load_tools(self.r2egym_path, prompt_file_path(Path(self.r2egym_path).expanduser()))
             object.__setattr__(self, "tool_scripts", scripts)
+        if self.tool_wheels is None and self.r2egym_path is not None:
+            from kvagent.agent.r2egym_tools import chardet_cap, chardet_wheels
+
+            cap = chardet_cap(self.r2egym_path)  # none in a checkout without uv.lock: nothing added
+            object.__setattr__(self, "tool_wheels", chardet_wheels(cap) if cap else ())
         if self.soft_step_limit is not None and self.soft_step_limit < 0:
             raise ConfigError(f"soft_step_limit: must be >= 0 or None (off), got {self.soft_step_limit}")
         if self.command_timeout <= 0:
@@ -174,6 +181,8 @@ class AgentConfig:
             d["prompts_sha256"] = hashlib.sha256(repr(texts).encode()).hexdigest()
         scripts = d.pop("tool_scripts")  # which tool scripts ran: R2E-Gym's (digests) or kvagent's
         d["tools"] = {n: hashlib.sha256(b).hexdigest()[:16] for n, b in scripts} if scripts else "kvagent"
+        wheels = d.pop("tool_wheels") or ()
+        d["tool_wheels"] = {py: hashlib.sha256(b).hexdigest()[:16] for py, b in wheels}
         return d
 
 

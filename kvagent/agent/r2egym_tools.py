@@ -7,6 +7,7 @@ its imports (chardet) resolve is checked in the sandbox, where it runs."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from kvagent.agent import r2egym
@@ -56,3 +57,45 @@ def load_tools(root: str | Path, prompt_file: Path) -> tuple[tuple[str, bytes], 
     if missing:
         raise _refuse(root, f"command_files has no {', '.join(missing)} tool")
     return tuple(tools.items())
+
+
+# ------------------------------------------------------------------------------ chardet, as R2E-Gym
+# R2E-Gym's runtime runs `python -m pip install chardet` in a SWE-bench image (its own images have
+# it): the newest release then, which its uv.lock pins for itself. kvagent takes the same release
+# cap from the checkout's uv.lock and pip's choice under it for the task's Python (3.6 gets 5.0.0).
+CHARDET_PYTHONS = ("3.6", "3.7")  # the wheels differ only across 3.6 / 3.7+ (chardet 5.1 needs 3.7)
+_LOCKED = re.compile(r'\[\[package\]\]\nname = "chardet"\nversion = "([^"]+)"')
+
+
+def chardet_cap(root: str | Path) -> str | None:
+    """The chardet release of the checkout's uv.lock, or None without one."""
+    try:
+        m = _LOCKED.search((Path(root).expanduser() / "uv.lock").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return m.group(1) if m else None
+
+
+def chardet_wheels(cap: str) -> tuple[tuple[str, bytes], ...]:
+    """(lowest Python, wheel bytes) of `chardet<=cap` for Python 3.6 and 3.7+, as pip picks them from
+    the registry; downloaded once into the kvagent cache. A ConfigError (one line) if pip cannot."""
+    import subprocess
+    import sys
+
+    from kvagent.fileio import cache_dir
+
+    out = []
+    for python in CHARDET_PYTHONS:
+        dest = cache_dir() / "wheels" / f"chardet-le-{cap}-py{python}"
+        if not list(dest.glob("chardet-*.whl")):
+            cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:"]
+            cmd += ["--python-version", python, "-d", str(dest), f"chardet<={cap}"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                raise ConfigError(
+                    f"r2egym: cannot download chardet<={cap} for R2E-Gym's editor ({last}); "
+                    "reach PyPI once (the wheel is cached), or drop --r2egym"
+                )
+        out.append((python, sorted(dest.glob("chardet-*.whl"))[-1].read_bytes()))
+    return tuple(out)

@@ -142,6 +142,9 @@ class R2EGymScaffold(Scaffold):
             )
         if hasattr(env, "link_task_venv"):  # /root/.venv as R2E-Gym links it, for either tool set
             env.link_task_venv()
+        wheels = self.config.tool_wheels
+        if scripts and wheels and hasattr(env, "provide_module"):  # R2E-Gym's `pip install chardet`
+            env.provide_module("chardet", dict(wheels))
         if scripts:
             env.install_commands(dict(scripts))
 

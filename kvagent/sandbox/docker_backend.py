@@ -17,6 +17,8 @@ import shlex
 import tarfile
 import time
 import uuid
+import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from kvagent.sandbox import commands, owner
@@ -63,6 +65,14 @@ GROUP_WRAPPER = (
     't=$1; shift; timeout -s KILL "$t" "$@" 2>&1 & pid=$!; '
     'wait $pid 2>/dev/null; rc=$?; kill -s KILL -- "-$pid" 2>/dev/null; exit $rc'
 )
+# Prints the interpreter's X.Y and its site-packages where `module` cannot be imported; nothing else.
+MODULE_PROBE = """import sys, sysconfig
+try:
+    import {module}
+except ImportError:
+    print("%d.%d" % sys.version_info[:2])
+    print(sysconfig.get_paths()["purelib"])
+"""
 # Resolves symlinks inside the container, so read/write are confined like the local backend's.
 REALPATH = "import os, sys; print(os.path.realpath(sys.argv[1]))"
 
@@ -81,6 +91,10 @@ def docker_client():
             f"cannot reach the Docker daemon ({type(e).__name__}); start it (`dockerd`) or set DOCKER_HOST"
         ) from e
     return client
+
+
+def _version(xy: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in xy.split("."))
 
 
 def _first_line(e: BaseException) -> str:
@@ -271,6 +285,29 @@ class DockerSandbox(Sandbox):
         if self.task_python is None:  # the link may have just made it
             task = self._exec_raw(["sh", "-c", f"{TASK_PYTHON} -c 'print(1)'"], 60)
             self.task_python = TASK_PYTHON if task.exit_code == 0 and task.output.strip() == "1" else None
+
+    def provide_module(self, module: str, wheels: Mapping[str, bytes]) -> str | None:
+        """R2E-Gym's `python -m pip install MODULE` in a SWE-bench image, offline: where the task's
+        interpreter cannot import `module`, the pure wheel for its Python (`wheels`: lowest Python
+        X.Y -> wheel bytes) is unpacked into its site-packages. Returns the Python it did this for,
+        or None (importable already, no task interpreter, or no wheel for that Python)."""
+        self._check_open()
+        if not self.task_python:
+            return None
+        r = self._exec_raw([self.task_python, "-c", MODULE_PROBE.format(module=module)], 60)
+        lines = r.output.strip().splitlines()
+        if r.exit_code != 0 or len(lines) != 2:
+            return None
+        python, purelib = lines
+        have = [k for k in wheels if _version(k) <= _version(python)]
+        if not have:
+            return None
+        with zipfile.ZipFile(io.BytesIO(wheels[max(have, key=_version)])) as whl:
+            files = {n: whl.read(n) for n in whl.namelist() if not n.endswith("/")}
+        dirs = sorted({"/".join(n.split("/")[:i]) for n in files for i in range(1, n.count("/") + 1)})
+        self._exec_raw(["mkdir", "-p", purelib], 60)
+        self._put(purelib, _tar(files, dirs=tuple(dirs)))
+        return python
 
     def _put(self, dest_dir: str, data: bytes) -> None:
         if not self.container.put_archive(dest_dir, data):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import uuid
+import zipfile
 
 import pytest
 
@@ -86,3 +87,22 @@ def test_a_swebench_style_testbed_env_is_linked_to_root_venv_as_r2egym_does(base
             assert sb.run("readlink /root/.venv", timeout=30).output.strip() == "/opt/miniconda3/envs/testbed"
     finally:
         client.images.remove(tag, force=True)
+
+
+def _wheel(version: str) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("fakemod/__init__.py", f"VERSION = {version!r}\n")
+        z.writestr(f"fakemod-{version}.dist-info/METADATA", f"Name: fakemod\nVersion: {version}\n")
+    return buf.getvalue()
+
+
+def test_a_module_the_task_env_lacks_is_unpacked_from_the_wheel_for_its_python(venv_image, repo, test_label):
+    """R2E-Gym's `python -m pip install chardet` on SWE-bench images, offline: the wheel chosen by
+    the task interpreter's version (3.11 here: the 3.7+ one), once; an importable module is left."""
+    wheels = {"3.6": _wheel("5.0.0"), "3.7": _wheel("5.2.0"), "3.99": _wheel("9")}
+    with open_sandbox("docker", image=venv_image, repo=repo, labels=test_label) as sb:
+        assert sb.provide_module("fakemod", wheels) == "3.11"
+        r = sb.run("/root/.venv/bin/python -c 'import fakemod; print(fakemod.VERSION)'", timeout=30)
+        assert r.output.strip() == "5.2.0"
+        assert sb.provide_module("fakemod", wheels) is None  # importable now: nothing done

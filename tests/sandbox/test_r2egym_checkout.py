@@ -140,3 +140,18 @@ def test_var_tmp_is_the_sandboxs_own_and_lasts_across_commands(sb):
     """R2E-Gym's editor keeps its undo history in /var/tmp between calls, as a container's /var/tmp."""
     sb.run_command("sh -c 'echo kept > /var/tmp/editor_state.json'")
     assert sb.run_command("cat /var/tmp/editor_state.json").output == "kept\n"
+
+
+def test_chardets_release_is_the_one_the_checkouts_uv_lock_pins(tmp_path):
+    """R2E-Gym's runtime installs the newest chardet (pinned 5.2.0 in its uv.lock at the DeepSWE
+    release); kvagent caps at the checkout's pin. No uv.lock: no cap, nothing provided."""
+    from kvagent.agent.r2egym_tools import chardet_cap
+
+    checkout = make_checkout(tmp_path / "R2E-Gym")
+    assert chardet_cap(checkout) is None
+    assert AgentConfig(scaffold="r2egym", r2egym_path=str(checkout)).tool_wheels == ()
+    lock = (
+        '[[package]]\nname = "certifi"\nversion = "1.0"\n\n[[package]]\nname = "chardet"\nversion = "5.2.0"\n'
+    )
+    (checkout / "uv.lock").write_text(lock)
+    assert chardet_cap(checkout) == "5.2.0"
