@@ -101,9 +101,9 @@ def load_engine(model: str, device: str = "auto", dtype: str = "auto", max_batch
 def cache_config(
     *, policy: str, budget: str | None, policy_arg: Sequence[str] | None = None, **settings: Any
 ) -> Any:
-    """The CacheConfig of a one-run command (solve, chat) from its shared cache options (`settings`:
-    the other CacheConfig fields, as `params.cache_args` picks them); a policy without a budget (or a
-    budget without a policy) and unknown policy options fail here, before the model loads."""
+    """The CacheConfig of a one-run command (solve, chat, serve) from its cache options (`settings`:
+    the other CacheConfig fields; `settings.CacheOptions.config` passes them all); a policy without a
+    budget (or a budget without a policy) and unknown policy options fail here, before the model loads."""
     from kvagent.runtime import CacheConfig
     from kvagent.runtime.policies import make_policy
 

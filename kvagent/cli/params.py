@@ -1,5 +1,6 @@
-"""The options every command shares (model, cache, agent and sweep options, one `--policy-arg`
-syntax), declared once as typer types, and the one-line error handling of every command."""
+"""The options several commands share besides the cache and agent settings (those are
+`settings.py`'s): model, device, dtype, progress, sandbox and dataset options, declared once as
+typer types; and the one-line error handling of every command."""
 
 from __future__ import annotations
 

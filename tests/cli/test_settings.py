@@ -73,3 +73,20 @@ def test_a_command_gets_its_options_as_one_typed_value():
     assert seen["cache"].buffer == 64 and seen["cache"].policies == "snapkv"
     assert seen["cache"].taken == ("buffer", "policies") and seen["cache"].fields() == {"buffer": 64}
     assert seen["agent"].fixed(seed=1).arguments()["max_steps"] == 3
+
+
+def test_an_option_left_at_its_default_is_the_configs_default():
+    """The options' defaults are written beside their declarations (importing the runtime for them
+    would load torch for `--help`): held here to CacheConfig's and AgentConfig's."""
+    from kvagent.agent.config import BY_SCAFFOLD
+
+    cache = {f.name: f.default for f in fields(settings.CacheOptions)}
+    config = runspec.DEFAULTS
+    assert {name: cache[s.one.name] for name, s in settings.CACHE.items() if name != "policy_args"} == {
+        name: config[name] for name in settings.CACHE if name != "policy_args"
+    }
+    agent = {f.name: f.default for f in fields(settings.AgentOptions)}
+    want = {f.name: f.default for f in fields(AgentConfig)}
+    for name, form in settings.AGENT.items():
+        expected = None if want[name] == BY_SCAFFOLD else want[name]
+        assert agent[form.name] == expected, name
