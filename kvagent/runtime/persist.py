@@ -142,7 +142,7 @@ def import_session(engine, state: SessionState, where: str = "session state"):
         ) from None
     session = engine.session(config)
     ev, dev = session.evictor, engine.device
-    t = {k: v if k.startswith(_CPU) else v.to(dev) for k, v in state.tensors.items()}
+    t = {k: _place(k, v, dev) for k, v in state.tensors.items()}
     _check_capacities(ev.cache, m["cache"], config, where)
     if m["cache"]["slot"] and ev.slot is not None and ev.cache.slot is None:
         ev.cache.attach_slot(ev.slot)  # a reprefill cache compressed into its slot
@@ -161,6 +161,15 @@ def import_session(engine, state: SessionState, where: str = "session state"):
     for k, v in m["stats"].items():  # in place: the evictor counts into the same object
         setattr(session._stats, k, v)
     return session
+
+
+def _place(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A state tensor where the session keeps it; a copy, so a state imported twice (or kept) never
+    shares a tensor a session changes in place (H2O's accumulator). The layers' keys and values
+    are copied into their buffers by `import_state` anyway."""
+    if name.startswith("cache.layers."):
+        return t.to(device)
+    return t.to("cpu" if name.startswith(_CPU) else device, copy=True)
 
 
 def _flatten(obj: Any, name: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:

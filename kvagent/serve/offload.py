@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from array import array
 from collections import Counter, OrderedDict
@@ -53,7 +54,9 @@ class Offload:
         self.engine = engine
         self.swap_bytes = swap_bytes
         self.dir = Path(session_dir) if session_dir is not None else None
+        self._lock = threading.Lock()  # the index: requests read it while a move writes it
         self.host: OrderedDict[str, Stored] = OrderedDict()  # oldest first
+        self.spilling: dict[str, Stored] = {}  # host sessions being written to disk
         self.disk: dict[str, Stored] = {}
         self.outs, self.ins = Counter(), Counter()  # by where: "host" | "disk"
         self.bytes = Counter()  # "out" | "in"
@@ -68,12 +71,14 @@ class Offload:
         return sum(s.nbytes for s in self.host.values())
 
     def stored(self) -> list[Stored]:
-        return [*self.host.values(), *self.disk.values()]
+        with self._lock:
+            return [*self.host.values(), *self.spilling.values(), *self.disk.values()]
 
     def claim(self, stored: Stored) -> None:
         """Take `stored` out of the index (its conversation is coming back)."""
-        self.host.pop(stored.id, None)
-        self.disk.pop(stored.id, None)
+        with self._lock:
+            for index in (self.host, self.spilling, self.disk):
+                index.pop(stored.id, None)
 
     # ----------------------------------------------------------------- out
     def move_out(self, conv: Any) -> tuple[Stored | None, list[Stored]]:
@@ -83,54 +88,82 @@ class Offload:
         t0 = time.perf_counter()
         session = conv.session
         state = persist.export_session(session)
-        cuda = self.engine.device.type == "cuda"
         entry = Stored(conv.id, conv.config, conv.first, array("l", session.history), conv.reply_start,
                        conv.requests, state.nbytes)  # fmt: skip
         dropped: list[Stored] = []
         if entry.nbytes <= self.swap_bytes:
-            while self.host and self.host_bytes + entry.nbytes > self.swap_bytes:
-                _, old = self.host.popitem(last=False)
-                if self.dir is None or not self._to_disk(old, old.state):
-                    dropped.append(old)
-            entry.state = state.to_host(pin=cuda)
-            self.host[entry.id] = entry
-        elif self.dir is None or not self._to_disk(entry, state):
-            return None, dropped
-        self.outs[entry.where] += 1
-        self.bytes["out"] += entry.nbytes
-        self.seconds["out"] += time.perf_counter() - t0
+            entry.state = state.to_host(pin=self.engine.device.type == "cuda")
+            spill = []
+            with self._lock:
+                while self.host and self.host_bytes + entry.nbytes > self.swap_bytes:
+                    _, old = self.host.popitem(last=False)
+                    spill.append(old)
+                    self.spilling[old.id] = old  # still findable while it is written
+                self.host[entry.id] = entry
+                self.outs["host"] += 1
+            dropped = [old for old in spill if not self._spill(old)]
+        else:
+            path = self._write(entry, state) if self.dir is not None else None
+            if path is None:
+                return None, dropped
+            with self._lock:
+                entry.path = path
+                self.disk[entry.id] = entry
+                self.outs["disk"] += 1
+        with self._lock:
+            self.bytes["out"] += entry.nbytes
+            self.seconds["out"] += time.perf_counter() - t0
         return entry, dropped
 
-    def _to_disk(self, entry: Stored, state: persist.SessionState) -> bool:
-        """Write `entry` to the session dir; False where the disk refuses (full: it is dropped)."""
+    def _spill(self, old: Stored) -> bool:
+        """A host session to disk, to make room; False if it is dropped (no disk, or it refused)."""
+        path = self._write(old, old.state) if self.dir is not None else None
+        with self._lock:
+            if self.spilling.pop(old.id, None) is None:  # its conversation came back meanwhile
+                if path is not None:
+                    self._remove(old.id)
+                return True
+            if path is None:
+                return False
+            old.state, old.path = None, path
+            self.disk[old.id] = old
+            self.outs["disk"] += 1
+            return True
+
+    def _write(self, entry: Stored, state: persist.SessionState) -> Path | None:
+        """Write `entry` to the session dir (the session, then what matching needs); None where the
+        disk refuses (full: the session is dropped)."""
         path = self.dir / f"{entry.id}.kvs"
         try:
             persist.write(state, self.engine, path)
             atomic_write_json(self.dir / f"{entry.id}.json", _sidecar(entry))
         except OSError:
-            path.unlink(missing_ok=True)
-            return False
-        if entry.state is not None:  # spilled from the host
-            self.outs["disk"] += 1
-        entry.state, entry.path = None, path
-        self.disk[entry.id] = entry
-        return True
+            self._remove(entry.id)
+            return None
+        return path
+
+    def _remove(self, sid: str) -> None:
+        for suffix in (".kvs", ".json"):
+            (self.dir / f"{sid}{suffix}").unlink(missing_ok=True)
 
     def save_all(self, convs: list[Any]) -> int:
-        """At shutdown: every session in memory and on the host goes to disk. Returns how many."""
+        """At shutdown (nothing else runs): every session in memory and on the host goes to disk.
+        Returns how many were written."""
         if self.dir is None:
             return 0
+        out = [(Stored(c.id, c.config, c.first, array("l", c.session.history), c.reply_start, c.requests, 0),
+                persist.export_session(c.session)) for c in convs]  # fmt: skip
+        out += [(entry, entry.state) for entry in self.host.values()]
+        self.host.clear()
         n = 0
-        for conv in convs:
-            state = persist.export_session(conv.session)
-            entry = Stored(conv.id, conv.config, conv.first, array("l", conv.session.history),
-                           conv.reply_start, conv.requests, state.nbytes)  # fmt: skip
-            if self._to_disk(entry, state):
+        for entry, state in out:
+            entry.nbytes = state.nbytes
+            path = self._write(entry, state)
+            if path is not None:
+                entry.state, entry.path = None, path
+                self.disk[entry.id] = entry
                 self.outs["disk"] += 1
                 n += 1
-        for entry in list(self.host.values()):
-            n += self._to_disk(entry, entry.state)
-        self.host.clear()
         return n
 
     # ----------------------------------------------------------------- in
@@ -142,11 +175,11 @@ class Offload:
             session = persist.import_session(self.engine, stored.state)
         else:
             session = persist.load(stored.path, self.engine)
-            stored.path.unlink(missing_ok=True)
-            (self.dir / f"{stored.id}.json").unlink(missing_ok=True)
-        self.ins[stored.where] += 1
-        self.bytes["in"] += stored.nbytes
-        self.seconds["in"] += time.perf_counter() - t0
+            self._remove(stored.id)
+        with self._lock:
+            self.ins[stored.where] += 1
+            self.bytes["in"] += stored.nbytes
+            self.seconds["in"] += time.perf_counter() - t0
         return session
 
     def _scan(self) -> None:
@@ -163,6 +196,10 @@ class Offload:
                 self.disk[entry.id] = entry
 
     def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
         return {
             "swapped": len(self.host),
             "on_disk": len(self.disk),
