@@ -1,0 +1,107 @@
+"""`kvagent serve --session-dir` as a user runs it: SIGTERM's drain saves every session, a server
+restarted on the dir continues each conversation exactly (its replies equal the library's on the
+uninterrupted stream, `usage` says the session came from disk), and after `kill -9` a conversation
+whose session was only in memory is answered 409 under kv_require_session (no crash, no 500)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from kvagent.runtime import CacheConfig, Engine
+from kvagent.runtime.models import load_qwen3_tokenizer
+
+from .conftest import Replay, head_of, prompt_of
+
+FLAGS = ["--policy", "snapkv", "--budget", "32", "--buffer", "8", "--protect", "sink"]
+CONFIG = CacheConfig(policy="snapkv", budget=32, buffer=8, protect="sink")
+
+
+def start(session_dir) -> tuple[subprocess.Popen, str, str]:
+    cmd = [sys.executable, "-m", "kvagent", "serve", "--model", "tiny-random-qwen3", "--port", "0",
+           "--log-level", "warning", "--device", "cpu", "--session-dir", str(session_dir), *FLAGS]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    line = proc.stdout.readline()
+    assert "at http://127.0.0.1:" in line, line + proc.stdout.read()
+    found = proc.stdout.readline()
+    url = line.split("at ", 1)[1].split("/v1", 1)[0]
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"{url}/health", timeout=5)
+            return proc, url, found
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "the server never answered"
+            time.sleep(0.2)
+
+
+def ask(url: str, messages: list[dict], **extra) -> httpx.Response:
+    body = {"model": "tiny-random-qwen3", "messages": messages, "max_tokens": 6, "temperature": 0, **extra}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_sigterm_saves_sessions_a_restart_continues_them_and_kill_9_says_so(tmp_path, procs):
+    tokenizer = load_qwen3_tokenizer()
+    engine = Engine.load("tiny-random-qwen3", device="cpu")  # the served weights (seeded)
+    convs = [[{"role": "user", "content": f"Conversation {i}: list the files."}] for i in range(2)]
+    replays = [Replay(engine, CONFIG) for _ in convs]
+
+    def turn(url: str, i: int, t: int, **extra) -> dict:
+        if t:
+            convs[i].append({"role": "user", "content": f"Step {t}: and now?"})
+        r = ask(url, convs[i], **extra)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        g, _ = replays[i].turn(prompt_of(tokenizer, convs[i]), 6, first=head_of(tokenizer, convs[i]))
+        assert body["choices"][0]["message"]["content"] == g.text, f"conversation {i} turn {t}"
+        convs[i].append({"role": "assistant", "content": g.text})
+        return body
+
+    proc, url, found = start(tmp_path)
+    procs.append(proc)
+    assert "0 saved sessions found" in found
+    for t in range(2):
+        for i in range(2):
+            turn(url, i, t)
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0 and "2 sessions saved in" in rest, rest
+    assert len(list(tmp_path.glob("*.kvs"))) == 2
+
+    proc, url, found = start(tmp_path)
+    procs.append(proc)
+    assert "2 saved sessions found" in found
+    for i in range(2):
+        body = turn(url, i, 2, kv_require_session=True)
+        assert body["kvagent"]["status"] == "continued"
+        assert body["usage"]["kv_session_restored"] == "disk"
+    proc.kill()  # kill -9: both sessions were in memory only (their files go once loaded)
+    proc.wait()
+
+    proc, url, found = start(tmp_path)
+    procs.append(proc)
+    assert "0 saved sessions found" in found
+    convs[0].append({"role": "user", "content": "Step 3: and now?"})
+    r = ask(url, convs[0], kv_require_session=True)
+    assert r.status_code == 409, r.text
+    msg = r.json()["error"]["message"]
+    assert "\n" not in msg and "lost in a restart" in msg
+    r = ask(url, convs[0])  # without it: a new session re-prefills the history
+    assert r.status_code == 200 and r.json()["kvagent"]["reason"] == "new"
