@@ -36,7 +36,7 @@ from kvagent.runtime.config import CacheConfig
 
 FORMAT = "kvagent-session"
 VERSION = 1
-MAX_HEADER = 256 * 2**20  # a JSON header past this is no session file (a 200k-token history is ~2 MiB)
+MAX_HEADER = 256 * 2**20  # a JSON header past this is no session file (tensors and token ids are not in it)
 _CPU = ("history", "sample_gen", "audit.")  # tensors that live on the host whatever the engine's device
 
 
