@@ -1,10 +1,12 @@
 """The evictable KV cache: per layer keys, values and the logical position of every entry.
 
-Storage is a capacity buffer per layer; `compact` gathers the kept entries into a NEW, smaller
-buffer, so evicted memory is really freed. Entries stay in logical-position order. On an engine
-that batches, an evicting session's buffers are instead views of its slot in a pool
-(`pool.py`) and compaction writes back into the slot; a layer that must outgrow its slot (scope
-`prefill` overflow) moves to private buffers until a compaction brings it back.
+An evicting session with a token budget keeps each layer in a fixed slab: views of its slot in a
+pool (`pool.py`), solo or batched, compacted in place by rounds and never reallocated; past the
+live entries every position is -1, which is all the static decode step (step.py) needs to attend
+it. A layer that must outgrow its slot (scope `prefill` overflow) moves to private buffers until a
+compaction brings it back. Other caches (dense, fractional budgets, a reprefill rebuild) use a
+private capacity buffer per layer, and `compact` gathers the kept entries into a NEW, smaller one,
+so evicted memory is really freed. Entries stay in logical-position order.
 
 `Session.forget` and `Session.rewind` can leave the heads of a layer holding different counts. The layout stays
 rectangular: a head with fewer entries starts with padding entries at position -1 (`PAD`), which
@@ -13,10 +15,12 @@ attention masks out (the layer is then `ragged`) and rounds drop before any real
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-PAD = -1  # position of a padding entry (a head holding fewer entries than the layer's n)
+from kvagent.runtime.queries import PAD, QueryRecord
 
 
 def keep_index(positions: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
@@ -146,6 +150,7 @@ class EvictableLayer(LayerBase):
         if views is not None and m <= views[0].shape[-2]:
             self.keys, self.values, self.positions = views
             self.keys[:, :, :m], self.values[:, :, :m], self.positions[:, :, :m] = k, v, p
+            self.positions[:, :, m:] = PAD  # the slab's invariant: nothing live past n
             self.n, self.in_slot = m, True
             return
         cap = max(capacity, m)
@@ -181,8 +186,22 @@ class EvictableLayer(LayerBase):
             return
         keys, values, positions = self.live()
         views[0][:, :, : self.n], views[1][:, :, : self.n], views[2][:, :, : self.n] = keys, values, positions
+        views[2][:, :, self.n :] = PAD
         self.keys, self.values, self.positions = views
         self.in_slot = True
+
+    def __deepcopy__(self, memo):
+        # A copy (the fact probe's branch) owns no slot: its slab views become private clones of the
+        # slot's part (deepcopy would copy the whole pool block behind a view).
+        if self.in_slot:
+            for t in (self.keys, self.values, self.positions):
+                memo[id(t)] = t.clone()
+        new = copy.copy(self)
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            setattr(new, name, copy.deepcopy(value, memo))
+        new.in_slot = False
+        return new
 
     def stores(self) -> tuple[torch.Tensor, ...]:
         return self.keys, self.values, self.positions
@@ -193,10 +212,10 @@ class EvictableLayer(LayerBase):
         self.is_initialized = self.in_slot = self.ragged = False
 
 
-class EvictableCache(Cache):
-    """A transformers Cache whose layers can be compacted, plus what policies need to score them:
-    each layer's recent queries (window) and, for policies that ask, all queries since its last
-    round."""
+class EvictableCache(QueryRecord, Cache):
+    """A transformers Cache whose layers can be compacted, plus what policies need to score them
+    (queries.py): each layer's recent queries (window, a ring) and, for policies that ask, all
+    queries since its last round."""
 
     def __init__(
         self,
@@ -208,59 +227,18 @@ class EvictableCache(Cache):
         layer_class: type | None = None,  # adaptive heads: heads.HeadLayer, a buffer per KV head
     ):
         super().__init__(layers=[(layer_class or EvictableLayer)(self, i) for i in range(n_layers)])
-        self.slot = slot  # a pool Slot on batching engines (evicting sessions), else None
-        self.window = window
-        self.record = record
-        self.keep_pending = keep_pending
-        self.current_positions: torch.Tensor | None = None  # logical positions of the running chunk
-        self.window_queries: list[torch.Tensor | None] = [None] * n_layers
-        self.window_positions: list[torch.Tensor | None] = [None] * n_layers
-        self.pending_queries: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
-        self.pending_positions: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
+        self.slot = slot  # a pool Slot (evicting sessions with a token budget), else None
+        self.init_queries(n_layers, window, record, keep_pending)
 
-    def record_queries(self, layer_idx: int, query: torch.Tensor) -> None:
-        if not self.record:
-            return
-        pos = self.current_positions
-        prev = self.window_queries[layer_idx]
-        if prev is None or query.shape[2] >= self.window:
-            self.window_queries[layer_idx] = query[:, :, -self.window :].detach()
-            self.window_positions[layer_idx] = pos[-self.window :]
-        else:
-            self.window_queries[layer_idx] = torch.cat([prev, query.detach()], dim=2)[:, :, -self.window :]
-            self.window_positions[layer_idx] = torch.cat([self.window_positions[layer_idx], pos])[
-                -self.window :
-            ]
-        if self.keep_pending:
-            self.pending_queries[layer_idx].append(query.detach())
-            self.pending_positions[layer_idx].append(pos)
-
-    def take_pending(self, layer_idx: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        qs, ps = self.pending_queries[layer_idx], self.pending_positions[layer_idx]
-        if not qs:
-            return None, None
-        q, p = torch.cat(qs, dim=2), torch.cat(ps)
-        self.pending_queries[layer_idx], self.pending_positions[layer_idx] = [], []
-        return q, p
-
-    def drop_queries_from(self, cut: int) -> None:
-        """Forget the recorded queries of positions >= cut (their tokens left the stream)."""
-        for li in range(len(self.layers)):
-            pos = self.window_positions[li]
-            if pos is not None:
-                keep = pos < cut
-                self.window_queries[li] = self.window_queries[li][:, :, keep] if keep.any() else None
-                self.window_positions[li] = pos[keep] if keep.any() else None
-            qs, ps = [], []
-            for q, p in zip(self.pending_queries[li], self.pending_positions[li], strict=True):
-                keep = p < cut
-                if keep.any():
-                    qs.append(q[:, :, keep])
-                    ps.append(p[keep])
-            self.pending_queries[li], self.pending_positions[li] = qs, ps
-
-    def pending_count(self, layer_idx: int) -> int:
-        return sum(q.shape[2] for q in self.pending_queries[layer_idx])
+    def __deepcopy__(self, memo):
+        # A copy owns no slot (pool.Slot.__deepcopy__): a ring that is a view of the pool's is cloned.
+        if self.ring is not None and self.slot is not None:
+            memo[id(self.ring)] = self.ring.clone()
+        new = copy.copy(self)
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            setattr(new, name, copy.deepcopy(value, memo))
+        return new
 
     def entries(self) -> list[int]:
         return [layer.n for layer in self.layers]
@@ -272,6 +250,9 @@ class EvictableCache(Cache):
         self.slot = slot
         for layer in self.layers:
             layer.attach_slot()
+        if self.ring is not None and slot is not None and slot.ring() is not None:
+            slot.ring().copy_(self.ring)
+            self.ring = slot.ring()
 
     # ----------------------------------------------------------------- persistence (runtime/persist.py)
     # The only code outside this module that needs the layout is these two methods: a saved session
@@ -353,13 +334,17 @@ class EvictableCache(Cache):
                 layer.values = v.new_empty((*v.shape[:2], cap, v.shape[-1]))
                 layer.positions = p.new_empty((*p.shape[:2], cap))
             layer.keys[:, :, :n], layer.values[:, :, :n], layer.positions[:, :, :n] = k, v, p
+            layer.positions[:, :, n:] = PAD  # a slab holds nothing live past n (pool.py)
             layer.n, layer.ragged = n, bool(m["ragged"])
             layer.device = k.device
             layer.is_initialized = True
+        # Every layer records the same tokens, so one ring index serves all layers.
+        if meta["window"] and all(meta["window"]):
+            queries = torch.cat([tensors[f"window.{li}.queries"] for li in range(len(self.layers))])
+            self.load_window(queries, tensors["window.0.positions"].tolist())
+        else:
+            self.load_window(None, [])
         for li in range(len(self.layers)):
-            has = meta["window"][li]
-            self.window_queries[li] = tensors[f"window.{li}.queries"] if has else None
-            self.window_positions[li] = tensors[f"window.{li}.positions"] if has else None
             self.pending_queries[li] = [
                 tensors[f"pending.{li}.{j}.queries"] for j in range(meta["pending"][li])
             ]

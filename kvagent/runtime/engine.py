@@ -17,6 +17,7 @@ from kvagent.runtime.forward import Chunk, run_forward
 from kvagent.runtime.pool import Slot, SlotPool
 from kvagent.runtime.scheduler import Scheduler
 from kvagent.runtime.session import Session
+from kvagent.runtime.step import StepRunner
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -70,6 +71,7 @@ class Engine:
         backend: str,
         name: str,
         max_batch: int = 1,
+        decode_step: str = "auto",
     ):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ConfigError(f"max_batch: expected an int >= 1 (1 = no batching), got {max_batch!r}")
@@ -94,12 +96,17 @@ class Engine:
         self.scheduler = Scheduler(self, max_batch) if max_batch > 1 else None
         self.pools: dict[tuple, SlotPool] = {}
         self._pools_lock = threading.Lock()
+        # The static decode step (step.py): its mode, and None where the architecture has none.
+        self.step_runner = StepRunner(self, decode_step)
 
     @classmethod
-    def load(cls, model, tokenizer=None, device="auto", dtype="auto", attn="auto", max_batch=1) -> Engine:
+    def load(
+        cls, model, tokenizer=None, device="auto", dtype="auto", attn="auto", max_batch=1, decode_step="auto"
+    ) -> Engine:
         """`model`: a name (smollm2, tiny-random-qwen3, tiny-random-llama), hub id, local dir,
         .gguf file, or a built PreTrainedModel (then pass its tokenizer). `max_batch > 1`: sessions
-        driven from different threads share forwards, up to that many per forward."""
+        driven from different threads share forwards, up to that many per forward. `decode_step`:
+        how evicting sessions' decode tokens run (step.py: auto, eager, static, compiled, graph)."""
         from transformers import AutoTokenizer, PreTrainedModel
 
         attention.register()
@@ -119,7 +126,16 @@ class Engine:
             raise ConfigError(f"model: expected a name, path or PreTrainedModel, got {type(model).__name__}")
         m = m.to(device=dev, dtype=dt).eval()
         m.set_attn_implementation(attention.ATTN_NAME)
-        return cls(m, tok, dev, dt, attention.resolve_backend(attn, dev), name, max_batch=max_batch)
+        return cls(
+            m,
+            tok,
+            dev,
+            dt,
+            attention.resolve_backend(attn, dev),
+            name,
+            max_batch=max_batch,
+            decode_step=decode_step,
+        )
 
     def session(self, config: CacheConfig | None = None, **kwargs) -> Session:
         if config is None:
@@ -138,17 +154,26 @@ class Engine:
             if chunk.error is not None:
                 raise chunk.error
 
-    def slot_for(self, capacities: tuple[int, ...] | None, buffer: int) -> Slot | None:
-        """A pool slot for a cache of these per-layer capacities (K_l + r) on a batching engine;
-        None for solo engines and for caches without fixed capacities (they stay private). The
-        caller releases it (`Slot.release`) when its session is gone."""
-        if self.scheduler is None or capacities is None:
+    def slot_for(self, capacities: tuple[int, ...] | None, buffer: int, window: int = 0) -> Slot | None:
+        """A pool slot (its static slab) for a cache of these per-layer capacities, on any engine;
+        None for caches without fixed capacities (they stay private). `window`: the W of the ring
+        of window queries the slot carries. The caller releases it (`Slot.release`) when its
+        session is gone."""
+        if capacities is None:
             return None
-        key = (tuple(capacities), buffer)
+        key = (tuple(capacities), buffer, window)
         with self._pools_lock:
             if key not in self.pools:
                 self.pools[key] = SlotPool(
-                    key[0], buffer, self.n_kv_heads, self.head_dim, self.dtype, self.device, self.max_batch
+                    key[0],
+                    buffer,
+                    self.n_kv_heads,
+                    self.head_dim,
+                    self.dtype,
+                    self.device,
+                    self.max_batch,
+                    n_q_heads=self.n_kv_heads * self.group_size,
+                    window=window,
                 )
             pool = self.pools[key]
         return pool.acquire()
@@ -159,6 +184,12 @@ class Engine:
         from kvagent.runtime import persist
 
         return persist.load(path, self)
+
+    def set_decode_step(self, mode: str) -> None:
+        """Switch how decode tokens run (step.py's modes) for every session of this engine, from
+        its next forward on; the weights stay as they are (benchmarks compare modes on one set of
+        sessions)."""
+        self.step_runner = StepRunner(self, mode, decoder=self.step_runner.decoder)
 
     def close(self) -> None:
         """Stop the scheduler thread (batching engines); sessions of this engine stop working."""

@@ -34,6 +34,11 @@ class Chunk:
     start: int = 0  # offset in the packed row
     logits: torch.Tensor | None = None
     error: BaseException | None = None
+    first: int | None = None  # positions[0] as a host int (None: read it from the tensor)
+
+    def __post_init__(self) -> None:
+        if self.first is None:
+            self.first = int(self.positions[0]) if len(self.ids) else 0
 
     @property
     def end(self) -> int:
@@ -184,11 +189,19 @@ def _attend_run(run: list[Chunk], li: int, query, scaling, backend) -> torch.Ten
 @torch.no_grad()
 def run_forward(engine, chunks: list[Chunk]) -> int:
     """One forward over `chunks`; sets each chunk's float32 logits (every row or the last).
-    Returns the most decode tokens one attention call served (the widest run)."""
+    Returns the most decode tokens one attention call served (the widest run). Decode tokens of
+    sessions in one pool block take the static step (step.py) where the engine has one."""
+    runner = getattr(engine, "step_runner", None)
+    if runner is not None:
+        plan = runner.plan(chunks)
+        if plan is not None:
+            runner.run(chunks, plan)
+            return len(chunks)
     device = engine.device
     if len(chunks) == 1:  # a solo session: its positions as they are, a plain slice of logits
         c = chunks[0]
-        c.start, ids, c.cache.current_positions = 0, c.ids, c.positions
+        c.start, ids = 0, c.ids
+        c.cache.begin_forward(c.positions, c.first)
         position_ids, to_keep = c.positions.unsqueeze(0), 0 if c.all_logits else 1
     else:
         offset, ids, positions, keep = 0, [], [], []
@@ -197,7 +210,7 @@ def run_forward(engine, chunks: list[Chunk]) -> int:
             offset += len(c.ids)
             ids.extend(c.ids)
             positions.append(c.positions)
-            c.cache.current_positions = c.positions
+            c.cache.begin_forward(c.positions, c.first)
             keep.extend(range(c.start, c.end) if c.all_logits else [c.end - 1])
         position_ids, to_keep = torch.cat(positions).unsqueeze(0), torch.tensor(keep, device=device)
     cache = _packed_cache(engine.n_layers, engine.backend)

@@ -1,11 +1,16 @@
-"""Slot pools: where batched evicting sessions keep their KV, so a batch needs no copying.
+"""Slot pools: the static slabs every evicting session with a token budget keeps its KV in.
 
-A pool serves sessions whose layers have the same capacities (K_l + r). Per layer it holds
-`(S, H_kv, K_l + r, D)` key/value buffers and `(S, H_kv, K_l + r)` positions in blocks of
-`max_batch` slots; a session owns one slot (the same index in every layer) for its lifetime and
-compacts in place. Batched attention then reads `keys[s0:s1, :, :n_max]` of one block, a view, for
-sessions holding consecutive slots. Blocks are never reallocated, so a compaction in one thread can
-never race a growth in another; a new block is added when every slot is taken.
+A pool serves sessions whose layers have the same capacities C_l (K_l + 2r, or K_l + r under
+topk-all). Per layer it holds `(S, H_kv, C_l + 1, D)` key/value slabs and `(S, H_kv, C_l + 1)`
+positions in blocks of `block_slots` slots (the engine's max_batch; 1 on a solo engine); a session
+owns one slot (the same index in every layer) for its lifetime and compacts in place, so its
+storage never moves. Past a slot's live entries every position is -1 (PAD): the static decode step
+(step.py) attends a slot's whole capacity under the mask `positions >= 0`, with no length in its
+shapes. The extra column C_l of every slot is scratch: the static step's rows that carry no session
+write there, and nothing ever attends it. Batched eager attention reads `keys[s0:s1, :, :n_max]` of
+one block, a view, for sessions holding consecutive slots. Blocks are never reallocated while a
+slot of theirs is held, so a compaction in one thread can never race a growth in another; a new
+block is added when every slot is taken, and a pool whose slots are all free gives its memory back.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import torch
 class SlotBlock:
     keys: list[torch.Tensor]  # per layer (S, H_kv, C_l, D)
     values: list[torch.Tensor]
-    positions: list[torch.Tensor]  # per layer (S, H_kv, C_l)
+    positions: list[torch.Tensor]  # per layer (S, H_kv, C_l + 1)
+    ring: torch.Tensor | None = None  # (S, L, H_q, W + 1, D): each slot's window queries (cache.py)
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,16 +44,33 @@ class Slot:
         self.pool.release(self)
 
     def views(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This slot's (1, H_kv, C_l, D) key/value and (1, H_kv, C_l) position views of one layer."""
-        i, b = self.index, self.block
-        return b.keys[layer_idx][i : i + 1], b.values[layer_idx][i : i + 1], b.positions[layer_idx][i : i + 1]
+        """This slot's (1, H_kv, C_l, D) key/value and (1, H_kv, C_l) position views of one layer
+        (the scratch column left out)."""
+        i, b, c = self.index, self.block, self.pool.capacities[layer_idx]
+        return (
+            b.keys[layer_idx][i : i + 1, :, :c],
+            b.values[layer_idx][i : i + 1, :, :c],
+            b.positions[layer_idx][i : i + 1, :, :c],
+        )
+
+    def ring(self) -> torch.Tensor | None:
+        """This slot's (L, H_q, W + 1, D) window-query ring (None: the pool keeps none)."""
+        ring = self.block.ring
+        return None if ring is None else ring[self.index]
+
+    def __deepcopy__(self, memo):
+        # A copied session (the fact probe's branch) owns no slot: its cache is a private copy.
+        return None
 
 
 class SlotPool:
-    def __init__(self, capacities, buffer, n_kv_heads, head_dim, dtype, device, block_slots):
+    def __init__(
+        self, capacities, buffer, n_kv_heads, head_dim, dtype, device, block_slots, n_q_heads=0, window=0
+    ):
         self.capacities = tuple(capacities)
         self.buffer = buffer  # r: rows of one run stay within r of each other in length
         self._shape = (n_kv_heads, head_dim)
+        self._ring_shape = (len(self.capacities), n_q_heads, window + 1, head_dim) if window else None
         self._dtype, self._device = dtype, device
         self.block_slots = block_slots
         self.blocks: list[SlotBlock] = []
@@ -60,9 +83,12 @@ class SlotPool:
         # 0 * NaN from uninitialised memory would still poison the output.
         kw = dict(device=self._device)
         block = SlotBlock(
-            keys=[torch.zeros((s, h, c, d), dtype=self._dtype, **kw) for c in self.capacities],
-            values=[torch.zeros((s, h, c, d), dtype=self._dtype, **kw) for c in self.capacities],
-            positions=[torch.zeros((s, h, c), dtype=torch.long, **kw) for c in self.capacities],
+            keys=[torch.zeros((s, h, c + 1, d), dtype=self._dtype, **kw) for c in self.capacities],
+            values=[torch.zeros((s, h, c + 1, d), dtype=self._dtype, **kw) for c in self.capacities],
+            positions=[torch.full((s, h, c + 1), -1, dtype=torch.long, **kw) for c in self.capacities],
+            ring=None
+            if self._ring_shape is None
+            else torch.zeros((s, *self._ring_shape), dtype=self._dtype, **kw),
         )
         b = len(self.blocks)
         self.blocks.append(block)
@@ -75,22 +101,34 @@ class SlotPool:
             if not self._free:
                 self._new_block()
             b, i = self._free.pop()
-            return Slot(self, b, i)
+            slot = Slot(self, b, i)
+            for p in slot.block.positions:
+                p[i].fill_(-1)  # an empty slab: the last owner's entries (or a scratch write) gone
+            return slot
 
     def release(self, slot: Slot) -> None:
         with self._lock:
             self._free.append((slot.block_index, slot.index))
             self._free.sort(reverse=True)
+            if len(self._free) == len(self.blocks) * self.block_slots:
+                # Nobody holds a slot: give the memory back (solo engines make a pool per budget).
+                self.blocks.clear()
+                self._free.clear()
 
     @property
     def in_use(self) -> int:
         return len(self.blocks) * self.block_slots - len(self._free)
 
     def slot_nbytes(self) -> int:
-        """Bytes one slot holds over all layers (keys + values + positions)."""
+        """Bytes one slot's session holds over all layers (keys + values + positions; a session's
+        `kv_bytes`). The scratch column, one entry a head and layer, is the pool's (`nbytes`)."""
         h, d = self._shape
         item = torch.empty((), dtype=self._dtype).element_size()
         return sum(h * c * (2 * d * item + 8) for c in self.capacities)
 
     def nbytes(self) -> int:
-        return len(self.blocks) * self.block_slots * self.slot_nbytes()
+        return sum(
+            t.numel() * t.element_size()
+            for b in self.blocks
+            for t in (*b.keys, *b.values, *b.positions, *([] if b.ring is None else [b.ring]))
+        )

@@ -55,7 +55,7 @@ class SessionEngine(Protocol):
 
     def forward(self, chunk: Chunk) -> None: ...
 
-    def slot_for(self, capacities: tuple[int, ...] | None, buffer: int) -> Any: ...
+    def slot_for(self, capacities: tuple[int, ...] | None, buffer: int, window: int) -> Any: ...
 
 
 class Session:
@@ -84,8 +84,8 @@ class Session:
         # history beside the budgeted cache, and a rebuild's cost is what `bench speed` measures.
         self.reuse_prefix = False
         self._prefix: tuple[list[int], DenseSnapshot] | None = None  # (the tokens it holds, their state)
-        # Batched engines: the rows of a slot pool this session's cache lives in (else private).
-        slot = engine.slot_for(pool_capacities(config, policy, engine.n_layers), config.buffer)
+        # The static slab of a pool this session's cache lives in (evicting, token budget; else private).
+        slot = engine.slot_for(pool_capacities(config, policy, engine.n_layers), config.buffer, config.window)
         if slot is not None:
             weakref.finalize(self, slot.release)
         self.evictor = Evictor(
@@ -355,7 +355,7 @@ class Session:
         tracer = self.tracer
         kept = self.kept_positions() if tracer is not None else None
         chunk = Chunk(
-            cache, ids, torch.arange(start, start + len(ids), device=self.engine.device), all_logits
+            cache, ids, torch.arange(start, start + len(ids), device=self.engine.device), all_logits, first=start
         )
         t0 = time.perf_counter()
         self.engine.forward(chunk)

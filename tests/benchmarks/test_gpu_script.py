@@ -372,3 +372,30 @@ runpy.run_path({str(GPU_DIR / "run.py")!r}, run_name="__main__")
     assert list(res["meta"]["caps_s"]) == ["oracle"]
     bad = _python(code.replace('"oracle"', '"long"'), tmp_path, timeout=120)
     assert bad.returncode == 2 and "add production" in bad.stderr
+
+
+def test_graph_step_quick_run_compares_eager_and_static(tmp_path):
+    """benchmarks/gpu/graph_step.py (the static step's GPU benchmark) on the CPU: every N and mode
+    measured, the static rows served by the static step, the files written."""
+    out = tmp_path / "gs"
+    code = f"""
+import runpy
+sys.argv = ["graph_step.py", "--quick", "--device", "cpu", "--out", {str(out)!r}]
+runpy.run_path({str(GPU_DIR / "graph_step.py")!r}, run_name="__main__")
+"""
+    p = _python(code, tmp_path, timeout=420)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    res = json.loads((out / "graph_step.json").read_text(), parse_constant=_no_nan)
+    _finite_numbers(res)
+    assert res["bandwidth"]["gb_s"] > 0 and res["bound_s"] > 0
+    rows = {(r["policy"], r["n"], r["mode"]): r for r in res["steps"]}
+    assert set(rows) == {
+        (q, n, m) for q in ("random", "nexus") for n in (1, 2, 4) for m in ("eager", "static")
+    }
+    assert all(r["tokens_s"] > 0 for r in rows.values())
+    # The eager rows ran no static step; each static row added some.
+    assert rows[("random", 1, "eager")]["static_steps"] == 0
+    assert all(rows[(q, n, "static")]["static_steps"] > 0 for q in ("random", "nexus") for n in (1, 2, 4))
+    modes = {p["mode"]: p for p in res["profile"]}
+    assert set(modes) == {"eager", "static"} and modes["static"]["aten_ops_per_step"] > 0
+    assert "| random | 4 | static |" in (out / "graph_step.md").read_text()

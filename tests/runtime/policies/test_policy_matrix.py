@@ -56,10 +56,13 @@ def test_policy_matches_masked_full_attention(tiny_engines, policy, kind, mode, 
     cfg = CacheConfig(policy=policy, budget=64, buffer=16, protect="sink", mode=mode, seed=5,
                       policy_args=CASES[policy], framework=framework)  # fmt: skip
     session = engine.session(cfg)
+    static_before = engine.step_runner.steps
     with trace(session) as records:
         random_episode(session, vocab=512, turns=3)
     if policy != "full":
         assert session.stats.rounds > 2, "the episode must actually evict"
+        # decode_step "auto" is static on a CPU: the oracle checks the static step's cache too
+        assert engine.step_runner.steps > static_before, "the static step must carry the decode steps"
     segments = _segments(records) if mode == "reprefill" else [records]
     if mode == "reprefill" and policy != "full":
         assert len(segments) == 4  # the prompt and three observation appends

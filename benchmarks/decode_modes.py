@@ -1,0 +1,117 @@
+"""The decode step's modes side by side in one process (runtime/step.py): `eager` (the transformers
+forward), `static` (the static step run op by op) and `compiled` (the static step under
+torch.compile), each on its own copy of the model, blocks of steps alternating between them so
+load from other jobs hits all alike. Reports each mode's median step time, the ratio to eager
+(the median of the block-set ratios), the compile time and the break-even: how many decode tokens
+the compiled step must run before its compile time is paid back.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decode_modes.py [--model smollm2] [--blocks 12]
+        [--batched 8] [--dtype bfloat16] [--modes eager,static,compiled]
+
+Solo (default): one session per mode (random, K = 256, r = 32, sink; rounds fire inside the
+blocks), the calling thread's CPU time. `--batched N`: each mode a batching engine with N sessions
+stepping at once (one thread each), the process's CPU time per batch step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decode_ab import block_times  # noqa: E402
+
+from kvagent.runtime import CacheConfig, Engine  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--length", type=int, default=512, help="tokens prefilled before timing")
+    ap.add_argument("--steps", type=int, default=16, help="decode steps per timed block")
+    ap.add_argument("--blocks", type=int, default=12, help="timed blocks per mode")
+    ap.add_argument("--batched", type=int, default=0, help="N > 1: N sessions per mode on a batching engine")
+    ap.add_argument("--modes", default="eager,static,compiled")
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # a shared machine: one thread is the steadiest measure
+    modes = args.modes.split(",")
+    n = max(1, args.batched)
+    loaded = Engine.load(args.model, device="cpu", dtype=args.dtype)
+    vocab = int(loaded.model.config.vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(0, vocab - 512, (args.length + 7 * i,), generator=gen).tolist() for i in range(n)
+    ]
+    toks = [
+        torch.randint(0, vocab - 512, (args.steps * (args.blocks + 2),), generator=gen).tolist()
+        for _ in range(n)
+    ]
+    per_mode, compile_s = {}, None
+    for mode in modes:
+        engine = Engine.load(
+            copy.deepcopy(loaded.model), tokenizer=loaded.tokenizer, device="cpu", dtype=args.dtype,
+            max_batch=n, decode_step=mode,
+        )  # fmt: skip
+        sessions = []
+        for i in range(n):
+            s = engine.session(CacheConfig(policy="random", budget=256, buffer=32, protect="sink", seed=i))
+            s.append(prompts[i])
+            sessions.append(s)
+        t0 = time.perf_counter()
+        block_times(sessions, [t[: args.steps] for t in toks], args.steps)  # warm-up (and compile)
+        if mode == "compiled":
+            compile_s = time.perf_counter() - t0
+        per_mode[mode] = (engine, sessions)
+    times = {m: ([], []) for m in modes}
+    for b in range(1, args.blocks + 1):
+        block = [t[(b + 1) * args.steps : (b + 2) * args.steps] for t in toks]
+        order = modes if b % 2 else modes[::-1]
+        for mode in order:
+            cpu, wall = block_times(per_mode[mode][1], block, args.steps)
+            times[mode][0].append(cpu)
+            times[mode][1].append(wall)
+    shape = f"batched N={n}, ms per batch step" if n > 1 else "solo"
+    print(
+        f"model {args.model} {args.dtype}, {shape}, L={args.length}, {args.blocks} alternating blocks x "
+        f"{args.steps} steps, load {os.getloadavg()[0]:.1f}, CPU: {_cpu()}"
+    )
+    for i, clock in enumerate(("cpu", "wall")):
+        print(f"{clock + ' ms/step':<16}{'median':>10}{'/ eager':>10}")
+        for mode in modes:
+            med = statistics.median(times[mode][i])
+            ratio = (
+                statistics.median(a / e for a, e in zip(times[mode][i], times["eager"][i], strict=True))
+                if "eager" in times
+                else float("nan")
+            )
+            print(f"{mode:<16}{med:>10.2f}{ratio:>10.3f}")
+    if compile_s is not None and "eager" in times:
+        saved = statistics.median(times["eager"][1]) - statistics.median(times["compiled"][1])
+        steps = compile_s / (saved / 1000) if saved > 0 else float("inf")
+        print(
+            f"compile + first block: {compile_s:.1f} s; break-even after {steps:,.0f} decode steps ({n} a step)"
+        )
+    for engine, _ in per_mode.values():
+        engine.close()
+
+
+def _cpu() -> str:
+    flags = Path("/proc/cpuinfo").read_text() if os.path.exists("/proc/cpuinfo") else ""
+    units = [f for f in ("avx512_bf16", "amx_bf16", "avx512f", "avx2") if f in flags]
+    model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if "model name" in line), "?")
+    return f"{model} ({', '.join(units) or 'no avx'})"
+
+
+if __name__ == "__main__":
+    main()

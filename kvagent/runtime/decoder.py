@@ -1,0 +1,162 @@
+"""The decode step as one function of static tensors: one token for each of B rows, against the
+slabs of B consecutive slots of a pool block (pool.py), through the model's own weights.
+
+Every shape in it is fixed by (B, the pool's capacities): a row's key length is not one of them.
+Each row's new K/V and position are written at its layer's entry count `lens[l, row]` (an index
+tensor), its queries at `ridx[row]` of the window ring, and attention covers a slot's whole
+capacity under the mask `positions >= 0` (the slab keeps -1 past the live entries, and ragged heads
+start with -1). A row that carries no session writes to the scratch column (index C_l, W) with
+position -1 and its output is ignored. So the same ops run every step, nothing reads a value back
+to the host, and the function can be compiled once (torch.compile, fullgraph) or captured once per
+batch size (a CUDA graph) and replayed.
+
+The layers are the Llama family's (Llama, Mistral, Qwen2, Qwen3: pre-norm, RoPE, GQA, SiLU-gated
+MLP; Qwen3's per-head q/k norms), computed as transformers' modules compute them, on the model's
+own parameters. q/k/v and gate/up are fused at load: one matmul each, with the original modules'
+weights rebound to views of the fused ones, so no weight is held twice and the eager path (prefill)
+computes with the same numbers. Any other architecture has no static step (`decoder_for` is None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass
+class LayerWeights:
+    ln1: torch.Tensor
+    qkv: torch.Tensor  # (H_q D + 2 H_kv D, hidden)
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # Qwen3: RMSNorm over each head's D
+    k_norm: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    ln2: torch.Tensor
+    gate_up: torch.Tensor  # (2 I, hidden)
+    down: torch.Tensor
+
+
+def _fuse(modules, name: str = "weight") -> torch.Tensor | None:
+    """One tensor holding the modules' `name` row after row; each module's parameter becomes a view
+    of its rows (same values, so anything still calling the module computes as before)."""
+    parts = [getattr(m, name) for m in modules]
+    if any(p is None for p in parts):
+        return None
+    fused = torch.cat([p.detach() for p in parts])
+    row = 0
+    for m, p in zip(modules, parts, strict=True):
+        n = p.shape[0]
+        getattr(m, name).data = fused[row : row + n]
+        row += n
+    return fused
+
+
+class Decoder:
+    """The model's weights as the static step reads them, and the step itself (`__call__`)."""
+
+    def __init__(self, model, scaling: float) -> None:
+        cfg = model.config
+        inner = model.model
+        self.hidden = int(cfg.hidden_size)
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or self.hidden // self.n_heads)
+        self.eps = float(cfg.rms_norm_eps)
+        self.scaling = scaling
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        self.lm_head = model.lm_head.weight
+        self.rotary = inner.rotary_emb
+        self.layers = []
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv_mods = (attn.q_proj, attn.k_proj, attn.v_proj)
+            self.layers.append(
+                LayerWeights(
+                    ln1=layer.input_layernorm.weight,
+                    qkv=_fuse(qkv_mods),
+                    qkv_bias=_fuse(qkv_mods, "bias"),
+                    q_norm=attn.q_norm.weight if hasattr(attn, "q_norm") else None,
+                    k_norm=attn.k_norm.weight if hasattr(attn, "k_norm") else None,
+                    o=attn.o_proj.weight,
+                    o_bias=attn.o_proj.bias,
+                    ln2=layer.post_attention_layernorm.weight,
+                    gate_up=_fuse((mlp.gate_proj, mlp.up_proj)),
+                    down=mlp.down_proj.weight,
+                )
+            )
+        self.act = inner.layers[0].mlp.act_fn
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # transformers' RMSNorm, op for op: float32 statistics, the weight applied in x's dtype.
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(dtype)
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x * cos) + (rotated * sin)
+
+    def __call__(self, ids, pos, wpos, lens, ridx, keys, values, positions, ring) -> torch.Tensor:
+        """(B, vocab) float32 logits. ids, pos (B,): the token and its logical position (RoPE);
+        wpos (B,): the position recorded in the slab (-1 for an empty row); lens (L, B): where
+        each row writes in each layer; ridx (B,): where its queries go in the ring. keys, values,
+        positions: per layer the B slots' slabs (B, H_kv, C_l + 1, ...); ring (B, L, H_q, W + 1, D)."""
+        b = ids.shape[0]
+        h_q, h_kv, d = self.n_heads, self.n_kv_heads, self.head_dim
+        group = h_q // h_kv
+        q_size, kv_size = h_q * d, h_kv * d
+        rows = torch.arange(b, device=ids.device)[:, None]
+        kv_heads = torch.arange(h_kv, device=ids.device)[None, :]
+        q_heads = torch.arange(h_q, device=ids.device)[None, :]
+        hidden = F.embedding(ids, self.embed)
+        cos, sin = self.rotary(hidden, pos[None])
+        cos, sin = cos[0, :, None], sin[0, :, None]  # (B, 1, D)
+        written = wpos[:, None].expand(b, h_kv)
+        for li, w in enumerate(self.layers):
+            x = self._rms(hidden, w.ln1)
+            q, k, v = F.linear(x, w.qkv, w.qkv_bias).split((q_size, kv_size, kv_size), dim=-1)
+            q, k, v = q.view(b, h_q, d), k.view(b, h_kv, d), v.view(b, h_kv, d)
+            if w.q_norm is not None:
+                q, k = self._rms(q, w.q_norm), self._rms(k, w.k_norm)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            at = lens[li][:, None]
+            keys[li].index_put_((rows, kv_heads, at), k)
+            values[li].index_put_((rows, kv_heads, at), v)
+            positions[li].index_put_((rows, kv_heads, at), written)
+            ring[:, li].index_put_((rows, q_heads, ridx[:, None]), q)
+            cap = keys[li].shape[2] - 1
+            mask = (positions[li][:, :, :cap] >= 0).unsqueeze(2)  # (B, H_kv, 1, C)
+            out = F.scaled_dot_product_attention(
+                q.view(b, h_kv, group, d),
+                keys[li][:, :, :cap],
+                values[li][:, :, :cap],
+                attn_mask=mask,
+                scale=self.scaling,
+            )
+            hidden = hidden + F.linear(out.reshape(b, q_size), w.o, w.o_bias)
+            x = self._rms(hidden, w.ln2)
+            gate, up = F.linear(x, w.gate_up).chunk(2, dim=-1)
+            hidden = hidden + F.linear(self.act(gate) * up, w.down)
+        return F.linear(self._rms(hidden, self.norm), self.lm_head).float()
+
+
+def decoder_for(model, scaling: float) -> Decoder | None:
+    """The static decoder of `model`, or None where its architecture has none (eager decode)."""
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in SUPPORTED:
+        return None
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        return None  # sliding-window layers: kvagent attention refuses them anyway
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(model, "lm_head"):
+        return None
+    return Decoder(model, scaling)

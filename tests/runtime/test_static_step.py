@@ -1,0 +1,215 @@
+"""The static decode step (runtime/step.py, decoder.py): the same numbers as the eager forward, the
+same shapes every step, and compiled once.
+
+The oracle matrix (test_oracle.py, policies/test_policy_oracle.py) and the batched-equals-solo
+matrix (test_batch.py) run through the static step too: `decode_step="auto"` is `static` on a CPU,
+and test_oracle asserts the step ran."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kvagent.errors import ConfigError
+from kvagent.runtime import CacheConfig, Engine
+from kvagent.runtime.step import StaticBatch
+
+STEPS = 300
+
+
+def _pair(tiny_engines, kind="qwen3", max_batch=1):
+    """An eager and a static engine over identical weights."""
+    base = tiny_engines[kind]
+    out = {}
+    for mode in ("eager", "static"):
+        model = copy.deepcopy(base.model)
+        out[mode] = Engine.load(
+            model, tokenizer=base.tokenizer, device="cpu", decode_step=mode, max_batch=max_batch
+        )
+    return out
+
+
+def _script(s, seed: int) -> list[torch.Tensor]:
+    """300 decode steps with rounds, a forget, a rewind and appends between them: every logits row."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = lambda n: torch.randint(1, 500, (n,), generator=gen).tolist()  # noqa: E731
+    out = [s.append(ids(40))]
+    for t in range(STEPS):
+        out.append(s.step(ids(1)[0]))
+        if t == 90:
+            s.forget([5, 6, 7, s.logical_length - 3])  # leaves heads ragged where they held them
+        if t == 150:
+            s.rewind(4)
+            out.append(s.append(ids(9)))
+        if t == 220:
+            out.append(s.append(ids(30)))  # a prefill chunk through the same slabs
+    return out
+
+
+CONFIGS = [
+    dict(policy="random", budget=24, buffer=8, protect="sink"),
+    dict(policy="snapkv", budget=24, buffer=8, protect="sink", framework="topk-all"),
+    dict(policy="h2o", budget=24, buffer=8, protect="sink"),  # pending queries, per-entry state
+    dict(policy="nexus", budget=64, buffer=32, protect="sink"),  # block selection
+    dict(policy="pyramidkv", budget=32, buffer=8, protect="sink"),  # a K per layer
+    dict(policy="streaming", budget=24, buffer=8, protect="sink", mode="reprefill"),
+]
+
+
+@pytest.mark.parametrize("fields", CONFIGS, ids=lambda f: f"{f['policy']}-{f.get('mode', 'persistent')}")
+def test_static_step_equals_eager_over_300_steps(tiny_engines, fields):
+    engines = _pair(tiny_engines)
+    runs = {}
+    for mode, engine in engines.items():
+        s = engine.session(CacheConfig(**fields))
+        runs[mode] = (s, _script(s, seed=7))
+    (e_s, e_logits), (s_s, s_logits) = runs["eager"], runs["static"]
+    assert engines["eager"].step_runner.steps == 0
+    assert engines["static"].step_runner.steps > STEPS // 2  # the static step really carried decode
+    assert e_s.stats.rounds == s_s.stats.rounds > 5
+    for a, b in zip(e_logits, s_logits, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    for a, b in zip(e_s.kept_positions(), s_s.kept_positions(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_sessions_joining_and_leaving_a_static_batch_equal_eager_solo_runs(tiny_engines):
+    solo = _pair(tiny_engines)["eager"]
+    batched = _pair(tiny_engines, max_batch=4)["static"]
+    cfg = CacheConfig(policy="snapkv", budget=24, buffer=8, protect="sink")
+    plans = [(0, 120), (15, 60), (30, 140), (45, 40), (70, 90)]  # (steps to wait, steps to run)
+    alone = []
+    for i, (_, n) in enumerate(plans):
+        s = solo.session(cfg)
+        alone.append(_steps(s, i, n))
+    results: list = [None] * len(plans)
+    errors: list = []
+    # Joining late: a session starts after others took some steps; leaving: it stops and is freed.
+    started = [threading.Event() for _ in plans]
+
+    def drive(i):
+        try:
+            wait, n = plans[i]
+            if i:
+                started[i - 1].wait()
+            s = batched.session(cfg)
+            started[i].set()
+            results[i] = _steps(s, i, n)
+            del s
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            for ev in started:
+                ev.set()
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in range(len(plans))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batched.close()
+    assert not errors, errors
+    assert batched.step_runner.steps > 0 and batched.scheduler.rows > batched.scheduler.forwards
+    for a, b in zip(alone, results, strict=True):
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(y, x, atol=1e-5, rtol=1e-5)
+
+
+def _steps(s, seed: int, n: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    out = [s.append(torch.randint(1, 500, (30,), generator=gen).tolist())]
+    for _ in range(n):
+        out.append(s.step(int(torch.randint(1, 500, (1,), generator=gen))))
+    return out
+
+
+class Recorder(TorchDispatchMode):
+    """Every op a step dispatches, with its tensor arguments' shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        shapes = tuple(
+            (tuple(a.shape), str(a.device))
+            for a in torch.utils._pytree.tree_leaves((args, kwargs))
+            if isinstance(a, torch.Tensor)
+        )
+        self.ops.append((str(func), shapes))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_step_is_static(tiny_engines, monkeypatch):
+    """For a fixed batch size: the same (op, shape) sequence every step, rounds and a forget between
+    them; slab storage never moves; no value read back to the host inside a step."""
+    engine = _pair(tiny_engines)["static"]
+    s = engine.session(CacheConfig(policy="snapkv", budget=24, buffer=8, protect="sink"))
+    s.append(list(range(1, 41)))
+    steps: list[list[tuple]] = []
+    original = StaticBatch.run
+
+    def recorded(self):
+        rec = Recorder()
+        with rec:
+            out = original(self)
+        steps.append(rec.ops)
+        return out
+
+    monkeypatch.setattr(StaticBatch, "run", recorded)
+    layer0 = s.cache.layers[0]
+    ptrs = (layer0.keys.data_ptr(), layer0.values.data_ptr(), layer0.positions.data_ptr())
+    rounds0 = s.stats.rounds
+    for t in range(STEPS):
+        s.step(1 + t % 400)
+        if t == 100:
+            s.forget([3, 20])
+    assert s.stats.rounds - rounds0 >= STEPS // 8
+    assert len(steps) == STEPS
+    assert all(ops == steps[0] for ops in steps), "the step's ops or shapes changed between steps"
+    names = {op for op, _ in steps[0]}
+    assert not any("_local_scalar_dense" in n or n.startswith("aten.item") for n in names)
+    assert not any(dev != "cpu" for _, shapes in steps[0] for _, dev in shapes)
+    assert (layer0.keys.data_ptr(), layer0.values.data_ptr(), layer0.positions.data_ptr()) == ptrs
+    assert layer0.in_slot
+
+
+def test_compiled_step_compiles_once_and_matches(tiny_engines):
+    """torch.compile(fullgraph=True, dynamic=False) of the step: 300 steps with rounds, no
+    recompilation (error_on_recompile), the same logits as the eager forward."""
+    import torch._dynamo
+
+    engines = _pair(tiny_engines)
+    model = copy.deepcopy(tiny_engines["qwen3"].model)
+    compiled = Engine.load(
+        model, tokenizer=tiny_engines["qwen3"].tokenizer, device="cpu", decode_step="compiled"
+    )
+    cfg = CacheConfig(policy="random", budget=24, buffer=8, protect="sink")
+    torch._dynamo.reset()
+    old = torch._dynamo.config.error_on_recompile
+    torch._dynamo.config.error_on_recompile = True
+    try:
+        out = {}
+        for name, engine in (("eager", engines["eager"]), ("compiled", compiled)):
+            s = engine.session(cfg)
+            gen = torch.Generator().manual_seed(3)
+            rows = [s.append(torch.randint(1, 500, (40,), generator=gen).tolist())]
+            for _ in range(STEPS):
+                rows.append(s.step(int(torch.randint(1, 500, (1,), generator=gen))))
+            out[name] = (s, rows)
+    finally:
+        torch._dynamo.config.error_on_recompile = old
+    assert compiled.step_runner.steps == STEPS and out["compiled"][0].stats.rounds > 5
+    for a, b in zip(out["eager"][1], out["compiled"][1], strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_step_modes_are_checked(tiny_engines):
+    base = tiny_engines["qwen3"]
+    with pytest.raises(ConfigError, match="decode_step: got 'fast'"):
+        Engine.load(base.model, tokenizer=base.tokenizer, device="cpu", decode_step="fast")
+    with pytest.raises(ConfigError, match="graph needs CUDA"):
+        Engine.load(base.model, tokenizer=base.tokenizer, device="cpu", decode_step="graph")
