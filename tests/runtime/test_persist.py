@@ -6,6 +6,8 @@ claiming absurd sizes are refused with one line."""
 
 from __future__ import annotations
 
+import copy
+
 import json
 import subprocess
 import sys
@@ -274,8 +276,9 @@ def rewrite(path: Path, edit) -> None:
 
 def test_another_models_file_is_refused(tiny_engines, saved):
     assert "saved from model" in refusal(tiny_engines["llama"], saved)
+    # A copy: Engine.load converts a model's parameters in place, and the fixture's is shared.
     other = Engine.load(
-        tiny_engines["qwen3"].model, tokenizer=tiny_engines["qwen3"].tokenizer, dtype="bfloat16"
+        copy.deepcopy(tiny_engines["qwen3"].model), tokenizer=tiny_engines["qwen3"].tokenizer, dtype="bfloat16"
     )
     assert "dtype" in refusal(other, saved)
 
