@@ -43,12 +43,13 @@ def chat(monkeypatch, repo, lines, session_file=None, model="tiny-random-qwen3")
                     console=Console(file=io.StringIO()), session_file=session_file)  # fmt: skip
 
 
-def test_a_chat_saved_at_quit_continues_exactly(monkeypatch, repo, tmp_path):
+@pytest.mark.parametrize("model", ["tiny-random-qwen3", pytest.param("smollm2", marks=pytest.mark.slow)])
+def test_a_chat_saved_at_quit_continues_exactly(monkeypatch, repo, tmp_path, model):
     path = tmp_path / "chat.kvs"
-    first = chat(monkeypatch, repo, ["what does calc do?", "/quit"], session_file=str(path))
+    first = chat(monkeypatch, repo, ["what does calc do?", "/quit"], session_file=str(path), model=model)
     assert path.exists() and sidecar(path).exists()
     assert first.session.stats.rounds > 0, "the saved cache must have evicted"
-    resumed = chat(monkeypatch, repo, ["now fix it", "/quit"], session_file=str(path))
+    resumed = chat(monkeypatch, repo, ["now fix it", "/quit"], session_file=str(path), model=model)
     # the reference: the first chat's objects asked the same (its replies never reach the sandbox)
     first.ask("now fix it")
     assert resumed.session.history == first.session.history
