@@ -16,8 +16,8 @@ the step and does the bookkeeping that follows (each session's entry counts and 
 `EvictableCache.stepped`). Modes (`Engine.load(decode_step=...)`):
 - `eager`: no static step; every forward is forward.py's.
 - `static`: the static step, run op by op.
-- `compiled`: the static step under `torch.compile(fullgraph=True, dynamic=False)`, one
-  compilation per (block, first slot, B), on first use.
+- `compiled`: the static step under `torch.compile(fullgraph=True, dynamic=False)`, compiled on
+  first use for each batch size B.
 - `graph` (CUDA): the static step captured in a CUDA graph per (block, first slot, B) on first use, all
   graphs in one memory pool, replayed every step.
 - `auto`: `graph` on CUDA, `static` on a CPU.
@@ -71,9 +71,7 @@ class StaticBatch:
         self.logits: torch.Tensor | None = None
         self.graph = None
         self.copied = torch.cuda.Event() if pin else None  # the last copy out of `host` is done
-        self.fn = runner.decoder
-        if runner.mode == "compiled":
-            self.fn = torch.compile(runner.decoder.__call__, fullgraph=True, dynamic=False)
+        self.fn = runner.compiled or runner.decoder
         self.runner = runner
 
     def fill(self, rows: dict[int, tuple[int, int, list[int], int]]) -> None:
@@ -110,6 +108,11 @@ class StepRunner:
         # Built once per engine (it fuses the weights); kept, unused, by an eager runner.
         self.decoder = decoder if decoder is not None else decoder_for(engine.model, engine.scaling)
         self.enabled = self.mode != "eager" and self.decoder is not None
+        # One compiled function for every batch: it compiles once per B (the first slot changes
+        # only the views' storage offsets, which its guards do not check).
+        self.compiled = None
+        if self.enabled and self.mode == "compiled":
+            self.compiled = torch.compile(self.decoder.__call__, fullgraph=True, dynamic=False)
         self.batches: dict[tuple[int, int, int], StaticBatch] = {}
         self.max_slots = engine.max_batch
         self.steps = 0  # forwards the static step ran (tests, benchmarks)
@@ -144,6 +147,9 @@ class StepRunner:
         key = (id(block), first, size)
         batch = self.batches.get(key)
         if batch is None or batch.block is not block:
+            # A pool whose slots all came free dropped its blocks: their batches (and graphs) go too.
+            for k in [k for k, b in self.batches.items() if not any(x is b.block for x in b.pool.blocks)]:
+                del self.batches[k]
             batch = self.batches[key] = StaticBatch(self, pool, block, first, size)
         rows = {}
         for c in chunks:

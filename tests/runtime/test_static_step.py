@@ -213,3 +213,25 @@ def test_decode_step_modes_are_checked(tiny_engines):
         Engine.load(base.model, tokenizer=base.tokenizer, device="cpu", decode_step="fast")
     with pytest.raises(ConfigError, match="graph needs CUDA"):
         Engine.load(base.model, tokenizer=base.tokenizer, device="cpu", decode_step="graph")
+
+
+def test_a_pool_left_empty_gives_its_memory_back(tiny_engines):
+    """Solo engines make a pool per budget: once its last session is gone the slabs are freed, and
+    the static batches over them are dropped when the next one is made."""
+    import gc
+
+    engine = _pair(tiny_engines)["static"]
+    cfg = CacheConfig(policy="random", budget=24, buffer=8, protect="sink")
+    s = engine.session(cfg)
+    pool = s.evictor.slot.pool
+    s.append(list(range(1, 41)))
+    s.step(3)
+    assert pool.nbytes() > 0 and len(engine.step_runner.batches) == 1
+    del s
+    gc.collect()
+    assert pool.nbytes() == 0 and pool.in_use == 0
+    again = engine.session(cfg)
+    again.append(list(range(1, 41)))
+    again.step(3)
+    [batch] = engine.step_runner.batches.values()
+    assert batch.block is pool.blocks[0] and again.evictor.slot.pool is pool
