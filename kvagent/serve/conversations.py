@@ -42,7 +42,8 @@ TOMBSTONES = 256  # dropped conversations remembered (their token ids only)
 GONE = {  # why a request that must continue its session cannot, by the reason it would start anew
     "new": "no session on this server continues this conversation (never served here, or lost in a restart "
     "without --session-dir)",
-    "dropped": "its session was dropped for memory (no room left in --swap-space or --session-dir)",
+    "dropped": "its session was dropped for memory (no room left in --swap-space or --session-dir) or lost "
+    "(a server killed before it saved it)",
     "busy": "its session is serving another request",
     "diverged": "the prompt differs from its session inside the first turn",
 }
@@ -107,10 +108,14 @@ class Conversations:
         self._live: dict[str, Conversation] = {}
         self._dropped: OrderedDict[str, tuple[CacheConfig, array, int]] = OrderedDict()
         # ids continue past those of sessions a previous server left on disk
-        known = [int(s.id[1:]) for s in offload.stored() if s.id[1:].isdigit()] if offload else []
+        saved = [*offload.stored(), *offload.lost] if offload else []
+        known = [int(s.id[1:]) for s in saved if s.id[1:].isdigit()]
         self._ids = itertools.count(max(known, default=0) + 1)
         self.dropped = Counter()  # reason -> sessions dropped
         self.started = Counter()  # reason -> sessions started
+        # a killed server's conversations (markers without a session): their next request says so
+        for lost in offload.lost if offload else []:
+            self._tombstone(lost.id, lost.config, lost.history, lost.first, "lost")
 
     # ----------------------------------------------------------------- leases
     def lease(
@@ -158,6 +163,8 @@ class Conversations:
             self._live[conv.id] = conv
             self.started[plan.reason] += 1
             victims = self._trim(keep=conv)
+        if self.offload is not None:
+            self.offload.mark(conv)
         self._move_out(victims)
         return plan
 

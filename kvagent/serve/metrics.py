@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 START_REASONS = ("new", "busy", "dropped", "diverged")
-DROP_REASONS = ("kv_memory", "max_sessions", "unreadable")
+DROP_REASONS = ("kv_memory", "max_sessions", "unreadable", "lost")
 PLACES = ("host", "disk")  # where an idle session moves out to (--swap-space, --session-dir)
 DIVERGENCE = ("none", "reply", "deeper")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300, 600)

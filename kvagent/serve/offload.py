@@ -12,6 +12,7 @@ first append and token history)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -25,6 +26,8 @@ from typing import Any
 from kvagent.errors import ConfigError
 from kvagent.fileio import atomic_write_json
 from kvagent.runtime import CacheConfig, persist
+
+KEEP_LOST = 256  # markers of lost conversations kept (as many as dropped ones are remembered)
 
 
 @dataclass(eq=False)
@@ -62,6 +65,7 @@ class Offload:
         self.bytes = Counter()  # "out" | "in"
         self.seconds = Counter()
         self.failed = 0  # sessions that could not be read back (counted as dropped)
+        self.lost: list[Stored] = []  # conversations a killed server had in memory (their markers)
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._scan()
@@ -175,25 +179,43 @@ class Offload:
             session = persist.import_session(self.engine, stored.state)
         else:
             session = persist.load(stored.path, self.engine)
-            self._remove(stored.id)
+            stored.path.unlink(missing_ok=True)  # its .json stays: the conversation's marker
         with self._lock:
             self.ins[stored.where] += 1
             self.bytes["in"] += stored.nbytes
             self.seconds["in"] += time.perf_counter() - t0
         return session
 
+    def mark(self, conv: Any) -> None:
+        """A new conversation's marker in the session dir (its first append): after a kill -9 the
+        next server knows it lost this conversation's session and says so (`lost`)."""
+        if self.dir is None:
+            return
+        entry = Stored(conv.id, conv.config, conv.first, array("l", conv.prefix), 0, 0, 0)
+        with contextlib.suppress(OSError):  # only a marker: the conversation is served all the same
+            atomic_write_json(self.dir / f"{conv.id}.json", _sidecar(entry))
+
     def _scan(self) -> None:
-        """The sessions a previous server left in the session dir."""
+        """The sessions a previous server left in the session dir; markers without a session are
+        the conversations it lost (killed before saving them): the newest KEEP_LOST are kept."""
+        lost = []
         for side in sorted(self.dir.glob("*.json")):
             path = side.with_suffix(".kvs")
             try:
                 d = json.loads(side.read_text())
                 entry = Stored(side.stem, CacheConfig(**d["config"]), d["first"], array("l", d["history"]),
                                d["reply_start"], d["requests"], d["nbytes"], path=path)  # fmt: skip
+                mtime = side.stat().st_mtime
             except (OSError, ValueError, KeyError, TypeError, ConfigError):
-                continue  # not ours, or half of a pair: ignored, never deleted
+                continue  # not ours: ignored, never deleted
             if path.exists():
                 self.disk[entry.id] = entry
+            else:
+                lost.append((mtime, entry))
+        lost.sort(key=lambda x: x[0])
+        for _, entry in lost[:-KEEP_LOST]:
+            (self.dir / f"{entry.id}.json").unlink(missing_ok=True)
+        self.lost = [entry for _, entry in lost[-KEEP_LOST:]]
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

@@ -1,7 +1,8 @@
 """`kvagent serve --session-dir` as a user runs it: SIGTERM's drain saves every session, a server
 restarted on the dir continues each conversation exactly (its replies equal the library's on the
-uninterrupted stream, `usage` says the session came from disk), and after `kill -9` a conversation
-whose session was only in memory is answered 409 under kv_require_session (no crash, no 500)."""
+uninterrupted stream, `usage` says the session came from disk), and after `kill -9` the server
+knows which conversations it lost (their markers in the dir): each is answered 409 under
+kv_require_session, else restarts counted `dropped` (no crash, no 500)."""
 
 from __future__ import annotations
 
@@ -102,6 +103,9 @@ def test_sigterm_saves_sessions_a_restart_continues_them_and_kill_9_says_so(tmp_
     r = ask(url, convs[0], kv_require_session=True)
     assert r.status_code == 409, r.text
     msg = r.json()["error"]["message"]
-    assert "\n" not in msg and "lost in a restart" in msg
-    r = ask(url, convs[0])  # without it: a new session re-prefills the history
-    assert r.status_code == 200 and r.json()["kvagent"]["reason"] == "new"
+    assert "\n" not in msg and "lost (a server killed before it saved it)" in msg
+    r = ask(url, convs[0])  # without it: a new session re-prefills the history, and says why
+    assert r.status_code == 200 and r.json()["kvagent"]["reason"] == "dropped"
+    assert r.json()["usage"]["kv_reprefilled_tokens"] > 0
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    assert 'kvagent_sessions_dropped_total{reason="lost"} 2.0' in metrics
