@@ -19,7 +19,7 @@ import time
 from kvagent.bench import replay as rp
 from kvagent.bench.sources import load_episodes
 from kvagent.bench.stream import build_stream
-from kvagent.bench.study_design import budget_for
+from kvagent.bench.study.design import budget_for
 from kvagent.options import split_list
 from kvagent.runtime import CacheConfig, Engine
 

@@ -143,14 +143,14 @@ def run_study_bench(
     calculation and the estimated time first; then study.md / episodes.md / .json / PNGs."""
     import shlex
 
-    from kvagent.bench import study as st
     from kvagent.bench.fidelity import load_records
     from kvagent.bench.sources import load_episodes
     from kvagent.bench.stream import build_stream
-    from kvagent.bench.study_design import DESIGNS, select
-    from kvagent.bench.study_plots import plot_study
-    from kvagent.bench.study_report import power_summary, write_report
-    from kvagent.bench.study_verdicts import analyse
+    from kvagent.bench.study import run as st
+    from kvagent.bench.study.design import DESIGNS, select
+    from kvagent.bench.study.plots import plot_study
+    from kvagent.bench.study.report import power_summary, write_report
+    from kvagent.bench.study.verdicts import analyse
     from kvagent.cli.ui import Bars, print_markdown
 
     if claim is None:

@@ -44,7 +44,7 @@ def counters(tokenizer) -> tuple[Any, Any]:
 
 
 def _write(out: Path, rep: dict[str, Any]) -> None:
-    from kvagent.bench.serve_report import markdown, plot
+    from kvagent.bench.serve_load.report import markdown, plot
     from kvagent.fileio import atomic_write_json, atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
@@ -62,11 +62,11 @@ def run_serve_bench(
     import secrets
     import sys
 
-    from kvagent.bench.serve_load import LoadSettings, Target, run_load
-    from kvagent.bench.serve_report import report
-    from kvagent.bench.serve_workload import Limits, build_workload, workload_facts
+    from kvagent.bench.serve_load.report import report
+    from kvagent.bench.serve_load.run import LoadSettings, Target, run_load
+    from kvagent.bench.serve_load.workload import Limits, build_workload, workload_facts
     from kvagent.bench.sources import load_episodes
-    from kvagent.bench.study import clip_messages
+    from kvagent.bench.study.run import clip_messages
     from kvagent.cli.common import check_out_dir
     from kvagent.cli.ui import Bars, print_markdown
 

@@ -123,7 +123,7 @@ def test_a_held_reference_is_waited_for_and_replayed_if_its_holder_wrote_none(
 def test_the_study_times_a_free_reference_not_one_another_process_holds(
     tiny_engine, episode_record, replays, tmp_path
 ):
-    from kvagent.bench import study
+    from kvagent.bench.study import run as study
 
     a, b = (
         build_stream(from_messages(f"ep{t}", episode_record(turns=t)["messages"]), tiny_engine.tokenizer)

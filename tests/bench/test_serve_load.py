@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from kvagent.bench.episodes import Episode
-from kvagent.bench.serve_load import Target
-from kvagent.bench.serve_metrics import kv_state, kv_summary, parse_prometheus
-from kvagent.bench.serve_report import summarize
-from kvagent.bench.serve_workload import Limits, build_workload, conversation_of
+from kvagent.bench.serve_load.metrics import kv_state, kv_summary, parse_prometheus
+from kvagent.bench.serve_load.report import summarize
+from kvagent.bench.serve_load.run import Target
+from kvagent.bench.serve_load.workload import Limits, build_workload, conversation_of
 from kvagent.cli.app import app
 from kvagent.cli.params import run_app
 from kvagent.errors import ConfigError
@@ -239,7 +239,7 @@ def test_bench_serve_against_kvagent_serve(kvagent_serve, tmp_path, capsys):
 
 
 def test_metrics_are_sampled_while_the_load_runs(kvagent_serve):
-    from kvagent.bench.serve_load import LoadSettings, run_load
+    from kvagent.bench.serve_load.run import LoadSettings, run_load
 
     # Replies of 160 tokens keep each turn running for a good part of a second on the tiny model:
     # with 4-token replies a turn could end between two scrapes on a loaded machine (seen in CI).

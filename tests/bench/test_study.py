@@ -11,7 +11,9 @@ import pytest
 from kvagent.bench import replay as rp
 from kvagent.bench.episodes import from_messages
 from kvagent.bench.stream import build_stream
-from kvagent.bench.study import (
+from kvagent.bench.study.design import DESIGNS, NEXUS, RANDOM, budget_for, eligibility, select
+from kvagent.bench.study.power import plan_power, power_equivalence, power_one_sided
+from kvagent.bench.study.run import (
     check_resume,
     clip_messages,
     position_buckets,
@@ -21,9 +23,7 @@ from kvagent.bench.study import (
     specs_for,
     template_grid,
 )
-from kvagent.bench.study_design import DESIGNS, NEXUS, RANDOM, budget_for, eligibility, select
-from kvagent.bench.study_power import plan_power, power_equivalence, power_one_sided
-from kvagent.bench.study_stats import holm, mean_ci, paired, shift, trend
+from kvagent.bench.study.stats import holm, mean_ci, paired, shift, trend
 from kvagent.errors import ConfigError
 from kvagent.runspec import RunSpec
 from kvagent.runtime.budget import common_block
@@ -278,7 +278,7 @@ def _synthetic(design, kl: dict, n_eps: int = 14, noise: float = 0.05, growth: d
     ],
 )
 def test_random_verdict_rule(kl, verdict):
-    from kvagent.bench.study_verdicts import analyse
+    from kvagent.bench.study.verdicts import analyse
 
     a = analyse(_synthetic(RANDOM, kl, n_eps=20), RANDOM)
     assert a["verdict"] == verdict, a["sentence"]
@@ -288,7 +288,7 @@ def test_random_verdict_rule(kl, verdict):
 
 
 def test_random_verdict_is_interim_while_the_family_is_unfinished():
-    from kvagent.bench.study_verdicts import analyse
+    from kvagent.bench.study.verdicts import analyse
 
     recs = [r for r in _synthetic(RANDOM, {"random": 1.0}, n_eps=20)
             if not (r["policy"] == "snapkv" and r["mode"] == "reprefill" and r["episode"] == "ep03")]  # fmt: skip
@@ -301,8 +301,8 @@ def test_no_verdict_before_the_planned_episodes_have_run():
     """Half of the chosen episodes done, every primary setting on them: the numbers would say
     supported, but the report is interim (n of N) and states no verdict; a missing secondary arm
     does not hold the verdict back."""
-    from kvagent.bench.study_report import render
-    from kvagent.bench.study_verdicts import analyse
+    from kvagent.bench.study.report import render
+    from kvagent.bench.study.verdicts import analyse
 
     recs = _synthetic(RANDOM, {"random": 1.0, "triattention": 1.02, "snapkv": 0.98}, n_eps=20)
     chosen = [f"ep{e:02d}" for e in range(20)]
@@ -330,7 +330,7 @@ def test_no_verdict_before_the_planned_episodes_have_run():
     ],
 )
 def test_nexus_verdict_rule(kl, growth, verdict):
-    from kvagent.bench.study_verdicts import analyse
+    from kvagent.bench.study.verdicts import analyse
 
     a = analyse(_synthetic(NEXUS, kl, n_eps=14, growth=growth), NEXUS)
     assert a["verdict"] == verdict, a["sentence"]
@@ -343,7 +343,7 @@ def test_nexus_verdict_rule(kl, growth, verdict):
 def test_trend_starts_at_the_first_eviction():
     """Buckets before K + r saw the full cache (margin 0): a huge value planted there must not move
     the slope, while the same value after the first eviction does."""
-    from kvagent.bench.study_verdicts import analyse
+    from kvagent.bench.study.verdicts import analyse
 
     def planted(at_start: bool):
         recs = _synthetic(NEXUS, {"nexus": 0.7}, n_eps=6, noise=0.0)
@@ -370,8 +370,8 @@ def test_the_analysis_does_not_depend_on_hash_order(tmp_path):
     path.write_text(json.dumps(_synthetic(NEXUS, {"nexus": 0.8}, n_eps=5, growth={"nexus": 0.01})))
     code = (
         "import json, sys\n"
-        "from kvagent.bench.study_design import NEXUS\n"
-        "from kvagent.bench.study_verdicts import analyse\n"
+        "from kvagent.bench.study.design import NEXUS\n"
+        "from kvagent.bench.study.verdicts import analyse\n"
         "a = analyse(json.load(open(sys.argv[1])), NEXUS)\n"
         "print(json.dumps([a['trends'], a['settings'], a['primary']]))\n"
     )
@@ -415,8 +415,8 @@ def _smoke(claim: str, **kw):
 def test_smoke_study_computes_every_statistic(tmp_path, episode_record, monkeypatch, claim):
     from typer.testing import CliRunner
 
-    from kvagent.bench import study_design
-    from kvagent.bench.study_report import SECTIONS
+    from kvagent.bench.study import design as study_design
+    from kvagent.bench.study.report import SECTIONS
     from kvagent.cli.app import app
 
     turns, design = _smoke(claim)
@@ -451,7 +451,7 @@ def test_smoke_study_computes_every_statistic(tmp_path, episode_record, monkeypa
             assert 0 <= c[k] <= 1, (k, c)
     for c in a["primary"]:
         assert holm_keys <= set(c) and c["outcome"]
-    from kvagent.bench.study_stats import holm
+    from kvagent.bench.study.stats import holm
 
     for key, raw in (
         ("holm_better", "p_below"),
@@ -506,7 +506,8 @@ def test_a_stopped_study_continues_where_it_stopped(tmp_path, episode_record, mo
     or framework refuses the directory."""
     from typer.testing import CliRunner
 
-    from kvagent.bench import replay, study_design
+    from kvagent.bench import replay
+    from kvagent.bench.study import design as study_design
     from kvagent.cli.app import app
 
     arms = tuple(RANDOM.arm(n) for n in ("random", "triattention", "snapkv"))

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvagent.bench.stream import Stream
-from kvagent.bench.study_power import PowerPlan, plan_power
+from kvagent.bench.study.power import PowerPlan, plan_power
 from kvagent.errors import ConfigError
 from kvagent.runtime.budget import common_block
 

@@ -1,11 +1,11 @@
-"""`kvagent bench study --claim NAME`: one pre-registered design (`kvagent.bench.study_design`) run
+"""`kvagent bench study --claim NAME`: one pre-registered design (`kvagent.bench.study.design`) run
 as fidelity replays, resumable.
 
 Per chosen episode: the full-cache reference, then every arm x mode x budget (a fraction of the
 episode, turned into a fixed K) x seed (seeded arms only) of the design, in the order its tests need
 them (the primary family first), so a study cut short has whole settings over every episode. Each
 record also carries its scores by position (fine buckets) and what the analysis needs to find the
-first eviction. `kvagent.bench.study_analysis` turns the records into the pre-registered tests."""
+first eviction. `kvagent.bench.study.analysis` turns the records into the pre-registered tests."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from kvagent.bench.episodes import Episode
 from kvagent.bench.fidelity import load_records, pending_runs, run_fidelity
 from kvagent.bench.reference_cache import cached_reference, reference_path
 from kvagent.bench.stream import Stream
-from kvagent.bench.study_design import Arm, Design, budget_for
+from kvagent.bench.study.design import Arm, Design, budget_for
 from kvagent.errors import ConfigError
 from kvagent.fileio import atomic_write_json
 from kvagent.runspec import RunSpec, sweep

@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
-from kvagent.bench.study_analysis import (
+from kvagent.bench.study.analysis import (
     Table,
     _ci,
     episodes_of,
@@ -34,8 +34,8 @@ from kvagent.bench.study_analysis import (
     probe_of,
     settings,
 )
-from kvagent.bench.study_design import Design
-from kvagent.bench.study_stats import mean_ci, shift
+from kvagent.bench.study.design import Design
+from kvagent.bench.study.stats import mean_ci, shift
 from kvagent.runspec import RunSpec
 
 INTERIM = "none yet"  # the verdict while the primary family has not run on every chosen episode

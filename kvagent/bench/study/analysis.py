@@ -15,8 +15,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
-from kvagent.bench.study_design import Design, budget_for
-from kvagent.bench.study_stats import holm, mean_ci, paired, shift
+from kvagent.bench.study.design import Design, budget_for
+from kvagent.bench.study.stats import holm, mean_ci, paired, shift
 
 METRICS = ("kl", "top1", "logp_true")
 PRIMARY = "kl"

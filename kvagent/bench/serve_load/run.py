@@ -19,8 +19,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from kvagent.bench.progress import NoProgress
-from kvagent.bench.serve_metrics import kv_state, kv_summary, parse_prometheus, track_peaks
-from kvagent.bench.serve_workload import Conversation, Turn
+from kvagent.bench.serve_load.metrics import kv_state, kv_summary, parse_prometheus, track_peaks
+from kvagent.bench.serve_load.workload import Conversation, Turn
 from kvagent.errors import ConfigError
 
 
