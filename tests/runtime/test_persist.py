@@ -7,7 +7,6 @@ claiming absurd sizes are refused with one line."""
 from __future__ import annotations
 
 import copy
-
 import json
 import subprocess
 import sys
@@ -278,7 +277,9 @@ def test_another_models_file_is_refused(tiny_engines, saved):
     assert "saved from model" in refusal(tiny_engines["llama"], saved)
     # A copy: Engine.load converts a model's parameters in place, and the fixture's is shared.
     other = Engine.load(
-        copy.deepcopy(tiny_engines["qwen3"].model), tokenizer=tiny_engines["qwen3"].tokenizer, dtype="bfloat16"
+        copy.deepcopy(tiny_engines["qwen3"].model),
+        tokenizer=tiny_engines["qwen3"].tokenizer,
+        dtype="bfloat16",
     )
     assert "dtype" in refusal(other, saved)
 
