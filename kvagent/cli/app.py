@@ -16,10 +16,7 @@ from kvagent.cli.app_serve import serve
 from kvagent.cli.params import (
     AGENT_MODEL,
     BENCH_MODEL,
-    Device,
-    Dtype,
     Isolation,
-    Model,
     Network,
     Quiet,
     run_app,
@@ -31,8 +28,10 @@ from kvagent.cli.settings import (
     ONE_RUN,
     AgentOptions,
     CacheOptions,
+    EngineOptions,
     agent_options,
     cache_options,
+    engine_options,
 )
 
 app = typer.Typer(
@@ -73,42 +72,39 @@ def _root(
 @app.command()
 @user_errors
 @cache_options(tokens=["budget"], budget=512)
+@engine_options(model=BENCH_MODEL)
 def demo(
-    model: Model = BENCH_MODEL,
+    engine: EngineOptions = FROM_OPTIONS,
     out: Annotated[str, typer.Option(help="Directory for the results.")] = "demo-out",
     cache: CacheOptions = FROM_OPTIONS,
     turns: Annotated[int, typer.Option(help="Tool calls in the generated episode.")] = 12,
     seed: Annotated[int, typer.Option(help="Episode seed (same seed, same token stream).")] = 0,
     quiet: Quiet = False,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
 ) -> None:
     """The main job on the bundled small model: compare eviction policies on a coding-agent episode."""
     from kvagent.cli.demo import run_demo
 
-    run_demo(model=model, out=out, budget=cache.budget, turns=turns, seed=seed, progress=not quiet,
-             device=device, dtype=dtype)  # fmt: skip
+    run_demo(**engine.arguments(), out=out, budget=cache.budget, turns=turns, seed=seed, progress=not quiet)
 
 
 @app.command()
 @user_errors
 @cache_options(ONE_RUN)
 @agent_options(*AGENT)
+@engine_options(model=AGENT_MODEL)
 def solve(
     issue: Annotated[str, typer.Option(help="The issue text, or a file holding it.")],
     repo: Annotated[
         str | None, typer.Option(help="Local repository (copied; never edited in place).")
     ] = None,
     image: Annotated[str | None, typer.Option(help="Docker image with the repository at /testbed.")] = None,
-    model: Model = AGENT_MODEL,
+    engine: EngineOptions = FROM_OPTIONS,
     cache: CacheOptions = FROM_OPTIONS,
     agent: AgentOptions = FROM_OPTIONS,
     out: Annotated[
         str | None,
         typer.Option(help="Directory for episode.traj.json and patch.diff (default runs/solve-TIME)."),
     ] = None,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
     isolation: Isolation = "bwrap",
     network: Network = "none",
 ) -> None:
@@ -116,8 +112,7 @@ def solve(
     from kvagent.cli.solve import run_solve
 
     run_solve(
-        issue=issue, repo=repo, image=image, model=model, out=out, device=device, dtype=dtype, isolation=isolation,
-        network=network,
+        issue=issue, repo=repo, image=image, **engine.arguments(), out=out, isolation=isolation, network=network,
         cache=cache, agent=agent.fixed(seed=cache.seed),
     )  # fmt: skip
 
@@ -126,18 +121,17 @@ def solve(
 @user_errors
 @cache_options(ONE_RUN)
 @agent_options(*(name for name in AGENT if name != "patch_rule"))
+@engine_options(model=AGENT_MODEL)
 def chat(
     repo: Annotated[
         str, typer.Option(help="Local repository (copied; never edited in place); default: this directory.")
     ] = ".",
-    model: Model = AGENT_MODEL,
+    engine: EngineOptions = FROM_OPTIONS,
     cache: CacheOptions = FROM_OPTIONS,
     approval: Annotated[
         str, typer.Option(help="confirm: a key (y/n/q) before each tool call; yolo: run all.")
     ] = "confirm",
     agent: AgentOptions = FROM_OPTIONS,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
     isolation: Isolation = "bwrap",
     session: Annotated[
         str | None,
@@ -151,7 +145,7 @@ def chat(
     from kvagent.cli.chat import run_chat
 
     run_chat(
-        repo=repo, model=model, approval=approval, device=device, dtype=dtype, isolation=isolation,
+        repo=repo, **engine.arguments(), approval=approval, isolation=isolation,
         cache=cache, agent=agent.fixed(seed=cache.seed), session_file=session,
     )  # fmt: skip
 

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from kvagent.cli.params import BENCH_MODEL, Device, Dtype, Model, Quiet, ReusePrefix, user_errors
-from kvagent.cli.settings import FROM_OPTIONS, CacheOptions, cache_options
+from kvagent.cli.params import BENCH_MODEL, Quiet, ReusePrefix, user_errors
+from kvagent.cli.settings import FROM_OPTIONS, CacheOptions, EngineOptions, cache_options, engine_options
 
 bench_app = typer.Typer(
     help="Benchmarks of eviction policies: fidelity to the full cache, the policy study, speed and memory.",
@@ -23,8 +23,9 @@ bench_app = typer.Typer(
     policies="random,snapkv,h2o,streaming,pyramidkv,nexus", modes="persistent,reprefill", budgets="1536,2048",
     scopes="prefill+decode",
 )  # fmt: skip
+@engine_options(model=BENCH_MODEL)
 def bench_fidelity(
-    model: Model = BENCH_MODEL,
+    engine: EngineOptions = FROM_OPTIONS,
     cache: CacheOptions = FROM_OPTIONS,
     episodes: Annotated[
         list[str],
@@ -46,21 +47,20 @@ def bench_fidelity(
         ),
     ] = None,
     quiet: Quiet = False,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
     reuse_prefix: ReusePrefix = True,
 ) -> None:
     """Replay agent episodes under each policy and compare with the full cache."""
     from kvagent.cli.bench import run_fidelity_bench
 
     run_fidelity_bench(
-        model=model, cache=cache, episodes=episodes, out=out, max_tokens=max_tokens, quiet=quiet, device=device,
-        dtype=dtype, reuse_prefix=reuse_prefix,
+        **engine.arguments(), cache=cache, episodes=episodes, out=out, max_tokens=max_tokens, quiet=quiet,
+        reuse_prefix=reuse_prefix,
     )  # fmt: skip
 
 
 @bench_app.command("study")
 @user_errors
+@engine_options(model=BENCH_MODEL)
 def bench_study(
     # Required, but checked in the body: a missing --claim is then the one-line error every other
     # bad option gives (typer's own "Missing option" is a box under CliRunner).
@@ -71,7 +71,7 @@ def bench_study(
             "or nexus (Nexus Sampling)."
         ),
     ] = None,
-    model: Model = BENCH_MODEL,
+    engine: EngineOptions = FROM_OPTIONS,
     episodes: Annotated[
         list[str],
         typer.Option(
@@ -103,8 +103,6 @@ def bench_study(
         bool, typer.Option("--report-only", help="Rebuild the report from --out's results; run nothing.")
     ] = False,
     quiet: Quiet = False,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
     reuse_prefix: ReusePrefix = True,
 ) -> None:
     """The study: one seed paper's claim under its own conditions, a design fixed in advance (episodes,
@@ -115,9 +113,8 @@ def bench_study(
         typer.echo("kvagent: --workers is deprecated; use --concurrency", err=True)
         concurrency = workers
     run_study_bench(
-        claim=claim, model=model, episodes=episodes, out=out, concurrency=concurrency,
-        estimate_only=estimate_only, report_only=report_only, quiet=quiet, device=device, dtype=dtype,
-        reuse_prefix=reuse_prefix,
+        claim=claim, **engine.arguments(), episodes=episodes, out=out, concurrency=concurrency,
+        estimate_only=estimate_only, report_only=report_only, quiet=quiet, reuse_prefix=reuse_prefix,
     )  # fmt: skip
 
 
@@ -127,8 +124,9 @@ def bench_study(
     ["buffer", "framework", "policy_args"], many=["policy"], tokens=["budget"],
     policies="full,random,streaming,snapkv,h2o,pyramidkv,nexus", budget=1024,
 )  # fmt: skip
+@engine_options(model=BENCH_MODEL)
 def bench_speed(
-    model: Model = BENCH_MODEL,
+    engine: EngineOptions = FROM_OPTIONS,
     cache: CacheOptions = FROM_OPTIONS,
     lengths: Annotated[
         str, typer.Option(help="Comma list of logical lengths for decode latency.")
@@ -139,8 +137,6 @@ def bench_speed(
     episode: Annotated[
         str, typer.Option(help="Episode source, as for `bench fidelity`, for persistent vs reprefill cost.")
     ] = "gen:seed=0,turns=32",
-    device: Device = "auto",
-    dtype: Dtype = "auto",
     out: Annotated[str, typer.Option(help="Directory for speed.json / .md / .png.")] = "bench-out",
     quiet: Quiet = False,
 ) -> None:
@@ -148,9 +144,8 @@ def bench_speed(
     from kvagent.cli.bench import run_speed_bench
 
     run_speed_bench(
-        model=model, policies=cache.policies, lengths=lengths, budget=cache.budget, buffer=cache.buffer,
-        policy_arg=cache.policy_arg, steps=steps, episode=episode, device=device, dtype=dtype, out=out,
-        quiet=quiet, framework=cache.framework,
+        **engine.arguments(), policies=cache.policies, lengths=lengths, budget=cache.budget, buffer=cache.buffer,
+        policy_arg=cache.policy_arg, steps=steps, episode=episode, out=out, quiet=quiet, framework=cache.framework,
     )  # fmt: skip
 
 

@@ -10,17 +10,23 @@ import typer
 
 from kvagent.cli.params import (
     AGENT_MODEL,
-    Device,
-    Dtype,
     Instances,
     Isolation,
-    Model,
     Network,
     Split,
     fail,
     user_errors,
 )
-from kvagent.cli.settings import AGENT, FROM_OPTIONS, AgentOptions, CacheOptions, agent_options, cache_options
+from kvagent.cli.settings import (
+    AGENT,
+    FROM_OPTIONS,
+    AgentOptions,
+    CacheOptions,
+    EngineOptions,
+    agent_options,
+    cache_options,
+    engine_options,
+)
 
 
 def _grid_file(ctx: typer.Context, value: str | None) -> str | None:
@@ -48,12 +54,13 @@ def _grid_file(ctx: typer.Context, value: str | None) -> str | None:
     policies="full,random,nexus", modes="persistent,reprefill", budgets="1024", seeds="0",
 )  # fmt: skip
 @agent_options(*(name for name in AGENT if name != "prompt_style"))
+@engine_options(model=AGENT_MODEL)
 def eval_(
     dataset: Annotated[str, typer.Option(help="SWE-bench instances: .json/.jsonl/.parquet file or HF name.")],
     split: Split = "test",
     instances: Instances = None,
     cache: CacheOptions = FROM_OPTIONS,
-    model: Model = AGENT_MODEL,
+    engine: EngineOptions = FROM_OPTIONS,
     env: Annotated[
         str, typer.Option(help="docker (instance images) or local (--repos checkouts).")
     ] = "docker",
@@ -80,8 +87,6 @@ def eval_(
     agent: AgentOptions = FROM_OPTIONS,
     network: Network = "none",
     out: Annotated[str, typer.Option(help="Run directory (resumable).")] = "runs/eval",
-    device: Device = "auto",
-    dtype: Dtype = "auto",
     ray: Annotated[
         str | None,
         typer.Option(
@@ -122,9 +127,9 @@ def eval_(
 
     # The options as given, recorded as OUT/grid.yaml (`--config` reads it back).
     grid = {
-        "dataset": dataset, "split": split, "instances": instances, **cache.given(), "model": model,
+        "dataset": dataset, "split": split, "instances": instances, **cache.given(), **engine.arguments(),
         "env": env, "repos": repos, "grade": grade, "concurrency": concurrency, "workers": workers,
-        "config": config, **agent.given(), "network": network, "out": out, "device": device, "dtype": dtype,
+        "config": config, **agent.given(), "network": network, "out": out,
         "ray": ray, "engines": engines, "image_registry": image_registry, "isolation": isolation,
     }  # fmt: skip
     sweep = EvalSweep(
@@ -132,9 +137,7 @@ def eval_(
         agent=agent.fixed(prompt_style="repo_first", seed=0),
         concurrency=concurrency if workers is None else workers,
     )  # fmt: skip
-    run_eval(
-        model=model, env=env, repos=repos, grade=grade, device=device, dtype=dtype, grid=grid, sweep=sweep
-    )
+    run_eval(**engine.arguments(), env=env, repos=repos, grade=grade, grid=grid, sweep=sweep)
 
 
 @user_errors

@@ -7,14 +7,22 @@ from typing import Annotated
 
 import typer
 
-from kvagent.cli.params import AGENT_MODEL, Device, Dtype, Model, user_errors
-from kvagent.cli.settings import FROM_OPTIONS, ONE_RUN, CacheOptions, cache_options
+from kvagent.cli.params import AGENT_MODEL, user_errors
+from kvagent.cli.settings import (
+    FROM_OPTIONS,
+    ONE_RUN,
+    CacheOptions,
+    EngineOptions,
+    cache_options,
+    engine_options,
+)
 
 
 @user_errors
 @cache_options(ONE_RUN)
+@engine_options(model=AGENT_MODEL)
 def serve(
-    model: Model = AGENT_MODEL,
+    engine: EngineOptions = FROM_OPTIONS,
     cache: CacheOptions = FROM_OPTIONS,
     max_batch: Annotated[
         int, typer.Option(help="Sessions whose forwards one batch joins (and requests run at once).")
@@ -55,15 +63,13 @@ def serve(
     log_level: Annotated[
         str, typer.Option(help="uvicorn's log level: warning, info (one line a request), debug.")
     ] = "info",
-    device: Device = "auto",
-    dtype: Dtype = "auto",
 ) -> None:
     """OpenAI-compatible server whose conversations each keep one live, evicted cache (kvagent\\[serve])."""
     from kvagent.cli.serve import run_serve
 
     run_serve(
-        model=model, max_batch=max_batch, kv_memory=kv_memory, host=host, port=port, max_queue=max_queue,
+        **engine.arguments(), max_batch=max_batch, kv_memory=kv_memory, host=host, port=port, max_queue=max_queue,
         max_sessions=max_sessions, drain_timeout=drain_timeout, served_model_name=served_model_name,
-        device=device, dtype=dtype, log_level=log_level, swap_space=swap_space, session_dir=session_dir,
+        log_level=log_level, swap_space=swap_space, session_dir=session_dir,
         cache=cache,
     )  # fmt: skip

@@ -78,24 +78,36 @@ def sandbox_workdir(backend: str) -> str:
     return os.path.join(root, "repo")
 
 
-def load_engine(model: str, device: str = "auto", dtype: str = "auto", max_batch: int = 1) -> Any:
-    """The one place a command loads a model (`max_batch` > 1: concurrent sessions share forwards)."""
-    import os
-
+def check_engine(device: str = "auto", decode_step: str = "auto") -> None:
+    """--device and --decode-step on this machine (graph needs CUDA), before the model is read."""
     import torch
 
-    from kvagent.runtime import Engine
     from kvagent.runtime.engine import resolve_device
+    from kvagent.runtime.step import resolve_mode
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"device: {device} asked for, but CUDA is not available here; use --device cpu or auto"
         )
-    resolve_device(device)  # a bad --device fails before the model is read
+    resolve_mode(decode_step, resolve_device(device))
+
+
+def load_engine(
+    model: str, device: str = "auto", dtype: str = "auto", max_batch: int = 1, decode_step: str = "auto"
+) -> Any:
+    """The one place a command loads a model (`max_batch` > 1: concurrent sessions share forwards;
+    `decode_step`: runtime/step.py's mode)."""
+    import os
+
+    import torch
+
+    from kvagent.runtime import Engine
+
+    check_engine(device, decode_step)
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         # A shared CPU: more threads than cores only adds contention.
         torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
-    return Engine.load(model, device=device, dtype=dtype, max_batch=max_batch)
+    return Engine.load(model, device=device, dtype=dtype, max_batch=max_batch, decode_step=decode_step)
 
 
 def cache_config(

@@ -22,6 +22,7 @@ def run_demo(
     policies=DEMO_POLICIES,
     device: str = "auto",
     dtype: str = "auto",
+    decode_step: str = "auto",
 ) -> list[dict]:
     from kvagent.bench.demo_plot import plot_demo, probe_shown
     from kvagent.bench.demo_series import series
@@ -48,7 +49,7 @@ def run_demo(
     )
     episode = generate_episode(seed=seed, turns=turns, prompt="compact", open_env=_demo_sandbox, fact="port")
     print(f"loading {model} ...", flush=True)
-    engine = load_engine(model, device=device, dtype=dtype)
+    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step)
     stream = build_stream(episode, engine.tokenizer)
     for spec in grid:  # the budget suits each policy (its block) and holds the protected prompt
         config = spec.cache_config()

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from kvagent.cli.common import check_out_dir, load_engine, parse_seeds, sandbox_workdir
+from kvagent.cli.common import check_engine, check_out_dir, load_engine, parse_seeds, sandbox_workdir
 from kvagent.cli.settings import AgentOptions, CacheOptions
 from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.datasets import Instance
@@ -223,6 +223,7 @@ def run_eval(
     network: str = "none",
     grid: Mapping[str, Any] | None = None,
     sweep: EvalSweep,
+    decode_step: str = "auto",
 ) -> dict[str, Any]:
     """`sweep`: what runs (`plan_eval`). `grid`: the command's options as given, recorded as
     OUT/grid.yaml."""
@@ -236,6 +237,7 @@ def run_eval(
         raise KvagentError("eval: --env local needs --repos DIR holding one checkout per instance id")
     environments.check_isolation(isolation)
     network_on = environments.check_network(network, env)
+    check_engine(device, decode_step)  # before the dataset loads
     plan = plan_eval(sweep, console)
     agent_cfg, selected, runs, run_dir, done, left = (
         plan.agent_config, plan.selected, plan.runs, plan.run_dir, plan.done, plan.left
@@ -256,7 +258,9 @@ def run_eval(
             check_images([by_id[iid] for iid in dict.fromkeys(r.instance_id for r in left)])
         console.print(f"loading model {model} ...")
         # One engine; with concurrency N its forwards are shared by up to N episodes at once.
-        engine = load_engine(model, device=device, dtype=dtype, max_batch=concurrency)
+        engine = load_engine(
+            model, device=device, dtype=dtype, max_batch=concurrency, decode_step=decode_step
+        )
         check_grid(engine, left, by_id, agent_cfg, sandbox_workdir(env))
         if grid is not None:
             write_grid(run_dir, grid)

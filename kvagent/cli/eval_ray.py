@@ -39,6 +39,7 @@ class EngineSetup:
     device: str = "auto"
     dtype: str = "auto"
     check: Sequence[EvalRun] = ()  # runs whose settings are checked on the loaded engine
+    decode_step: str = "auto"  # checked against the actor's own device as its engine loads
 
     def __call__(self) -> EvalRunner:
         from kvagent.cli import environments
@@ -52,7 +53,8 @@ class EngineSetup:
         else:
             open_env, grader = environments.docker_env, environments.docker_grader
         # Ray sets the actor's CUDA_VISIBLE_DEVICES (its GPU) and OMP threads (its CPUs).
-        engine = Engine.load(self.model, device=self.device, dtype=self.dtype, max_batch=self.concurrency)
+        engine = Engine.load(self.model, device=self.device, dtype=self.dtype, max_batch=self.concurrency,
+                             decode_step=self.decode_step)  # fmt: skip
         # As `kvagent eval` does, before the first run: budgets against prompts, the model's context.
         check_grid(engine, self.check, self.instances, self.agent_config, sandbox_workdir(self.env))
         return EvalRunner(
@@ -204,6 +206,7 @@ def run_eval_ray(
     grid: Mapping[str, Any] | None = None,
     console: Console | None = None,
     sweep: EvalSweep,
+    decode_step: str = "auto",
 ) -> dict[str, Any]:
     """`kvagent eval`'s planning, checks, records and report (kvagent.cli.eval), its episodes on Ray:
     `sweep` is what runs."""
@@ -234,7 +237,8 @@ def run_eval_ray(
             console.print(
                 f"Ray: {n} engine(s) of {model} on {gpus or 'no'} GPU(s), {concurrency} episode(s) each"
             )
-            setup = EngineSetup(model, by_id, env, repos, grade, agent_cfg, concurrency, device, dtype, left)
+            setup = EngineSetup(model, by_id, env, repos, grade, agent_cfg, concurrency, device, dtype, left,
+                                decode_step=decode_step)  # fmt: skip
             needed = [by_id[iid] for iid in dict.fromkeys(r.instance_id for r in left)]
             table = EngineTable(runs, done, min(n, len(left)))
             executor = RayExecutor(setup, run_dir=run_dir, engines=n, concurrency=concurrency,

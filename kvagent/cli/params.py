@@ -1,6 +1,6 @@
-"""The options several commands share besides the cache and agent settings (those are
-`settings.py`'s): model, device, dtype, progress, sandbox and dataset options, declared once as
-typer types; and the one-line error handling of every command."""
+"""The options several commands share besides the engine, cache and agent settings (those are
+`settings.py`'s): progress, sandbox and dataset options, declared once as typer types; the default
+models; and the one-line error handling of every command."""
 
 from __future__ import annotations
 
@@ -91,11 +91,7 @@ def os_error_line(e: OSError) -> str:
 
 
 # ----------------------------------------------------------------------------- the shared options
-# model
-Model = Annotated[str, typer.Option(help="smollm2 (bundled), tiny-random-qwen3, a hub id, a dir or .gguf.")]
-Device = Annotated[str, typer.Option(help="auto | cpu | cuda[:N].")]
-Dtype = Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16.")]
-# The cache and agent options: settings.py (one declaration per field).
+# The engine, cache and agent options: settings.py (one declaration per field).
 Quiet = Annotated[bool, typer.Option("--quiet", help="No progress bars.")]
 ReusePrefix = Annotated[
     bool,

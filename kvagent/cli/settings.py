@@ -1,9 +1,11 @@
 """Every setting that several commands share, declared once: its option spelling, help text and
 value type, keyed by the field it sets (a `CacheConfig` field in `CACHE`, an `AgentConfig` one in
-`AGENT`); the checks are the config classes' own. A command takes them with `cache_options(...)` /
-`agent_options(...)`: the decorator adds the options to the command's signature (typer reads
-that) and hands the command ONE typed value, `CacheOptions` / `AgentOptions`, which builds the
-config. vLLM's `EngineArgs.add_cli_args` does the same from its dataclass.
+`AGENT`, an `Engine.load` argument in `ENGINE`); the checks are the config classes' own (the
+engine's: `runtime.step.resolve_mode`, `common.load_engine`). A command takes them with
+`cache_options(...)` / `agent_options(...)` / `engine_options(...)`: the decorator adds the options
+to the command's signature (typer reads that) and hands the command ONE typed value,
+`CacheOptions` / `AgentOptions` / `EngineOptions`. vLLM's `EngineArgs.add_cli_args` does the same
+from its dataclass.
 
 A cache field has up to three forms: `one` (a run's value), `many` (a sweep's comma list: `eval
 --budgets`, `bench fidelity --framework a,b`) and `tokens` (a budget in whole tokens: demo, bench
@@ -124,6 +126,15 @@ AGENT: dict[str, Form] = {  # AgentConfig field -> its option
 # Left out (None): the scaffold's value.
 LEFT_TO_SCAFFOLD = ("max_new_tokens", "history", "patch_rule")
 
+ENGINE: dict[str, Form] = {  # Engine.load argument -> its option
+    "model": Form("model", str, "smollm2 (bundled), tiny-random-qwen3, a hub id, a dir or .gguf."),
+    "device": Form("device", str, "auto | cpu | cuda[:N]."),
+    "dtype": Form("dtype", str, "auto | float32 | bfloat16 | float16."),
+    "decode_step": Form("decode_step", str, "How decode tokens run: auto (graph on CUDA, static on a CPU) | "
+                        "eager (the plain forward) | static (fixed buffers, op by op) | compiled "
+                        "(torch.compile; pays only after ~3k decode steps) | graph (CUDA graphs; CUDA only)."),
+}  # fmt: skip
+
 # The value a command's `cache` / `agent` parameter is declared with; the decorator fills it in.
 FROM_OPTIONS: Any = None
 
@@ -220,6 +231,31 @@ class AgentOptions:
         return {n: getattr(self, n) for n in self.taken if n in {f.name for f in AGENT.values()}}
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """A command's engine options as typed: what `common.load_engine` takes. A --decode-step that
+    names no mode fails as the command starts; one its device cannot run (graph on a CPU) when the
+    engine is about to load, before the model is read (under --ray, on each actor's node)."""
+
+    model: str = "smollm2"
+    device: str = "auto"
+    dtype: str = "auto"
+    decode_step: str = "auto"
+    taken: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        import torch
+
+        from kvagent.runtime.step import MODES, resolve_mode
+
+        if self.decode_step not in MODES:  # the device only matters for a known mode
+            resolve_mode(self.decode_step, torch.device("cpu"))
+
+    def arguments(self) -> dict[str, Any]:
+        """model, device, dtype, decode_step: as the command bodies and `load_engine` take them."""
+        return {n: getattr(self, n) for n in ENGINE}
+
+
 def cache_config_of(cache: CacheOptions | Mapping[str, Any]) -> Any:
     """The CacheConfig of a one-run command's options (typed, or option: value from a test)."""
     return CacheOptions.of(cache).config()
@@ -248,6 +284,12 @@ def agent_options(*names: str, **defaults: Any) -> Callable[[Callable[..., Any]]
     """Give a command the AGENT options of these AgentConfig fields in place of its `agent:
     AgentOptions` parameter."""
     return _takes("agent", AgentOptions, [AGENT[n] for n in names], defaults)
+
+
+def engine_options(**defaults: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the ENGINE options (model, device, dtype, decode step) in place of its `engine:
+    EngineOptions` parameter; `defaults`: this command's (its model)."""
+    return _takes("engine", EngineOptions, list(ENGINE.values()), defaults)
 
 
 def _takes(

@@ -91,6 +91,7 @@ def run_solve(
     console: Console | None = None,
     isolation: str = "bwrap",
     network: str = "none",
+    decode_step: str = "auto",
 ) -> Any:
     from kvagent.agent.solve import solve_episode
     from kvagent.cli import environments
@@ -106,7 +107,7 @@ def run_solve(
     check_image(spec)
     out_dir = check_out_dir(out or f"runs/solve-{time.strftime('%Y%m%d-%H%M%S')}")
     console.print(f"loading model {model} ...")
-    engine = load_engine(model, device=device, dtype=dtype)
+    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step)
     check_before_sandbox(engine, cfg, agent_cfg, issue_text, sandbox_workdir(spec["backend"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     trajectory = out_dir / "episode.traj.json"

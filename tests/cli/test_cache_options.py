@@ -68,6 +68,9 @@ SPEED = {
     "policy-arg": (["--policy-arg", "snapkv.keep_window=false"], ["--policy-arg", "lam"]),
 }
 DEMO = {"budget": (["--budget", "256"], ["--budget", "0.25"]), "seed": (["--seed", "3"], ["--seed", "x"])}
+# Every command that loads an engine: a mode its device cannot run (graph on a CPU) is load_engine's
+# to refuse (test_engine_options.py), so the good value here is one every device runs.
+ENGINE = {"decode-step": (["--decode-step", "eager"], ["--decode-step", "sometimes"])}
 
 
 def _base(command, tmp, mini, jsonl):
@@ -90,6 +93,7 @@ CASES = [
     (command, option, good, bad)
     for command, table in [("solve", ONE_RUN), ("chat", ONE_RUN), ("serve", ONE_RUN), ("eval", EVAL),
                            ("bench fidelity", FIDELITY), ("bench speed", SPEED), ("demo", DEMO)]
+    for table in (table, ENGINE)
     for option, (good, bad) in table.items()
 ]  # fmt: skip
 

@@ -31,9 +31,11 @@ def test_every_cache_field_has_one_declaration_and_serve_asks_the_same_list():
 
 
 def test_no_command_declares_a_shared_setting_itself():
-    """Counted from the source: a parameter of a command in kvagent/cli named as a cache or agent
-    option (or an option alias in params.py) would be a second declaration."""
-    shared = _names(settings.CACHE.values()) | {f.name for f in settings.AGENT.values()}
+    """Counted from the source: a parameter of a command in kvagent/cli named as a cache, agent or
+    engine option (or an option alias in params.py) would be a second declaration."""
+    shared = _names(settings.CACHE.values()) | {
+        f.name for f in (*settings.AGENT.values(), *settings.ENGINE.values())
+    }
     found = []
     for path in sorted((PKG / "cli").glob("app*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
