@@ -106,7 +106,7 @@ def solve(
         typer.Option(help="Directory for episode.traj.json and patch.diff (default runs/solve-TIME)."),
     ] = None,
     isolation: Isolation = "bwrap",
-    network: Network = "none",
+    network: Network = None,
 ) -> None:
     """Run the agent on one issue in a repository or image."""
     from kvagent.cli.solve import run_solve

@@ -85,7 +85,7 @@ def eval_(
         ),
     ] = None,
     agent: AgentOptions = FROM_OPTIONS,
-    network: Network = "none",
+    network: Network = None,
     out: Annotated[str, typer.Option(help="Run directory (resumable).")] = "runs/eval",
     ray: Annotated[
         str | None,
@@ -108,13 +108,13 @@ def eval_(
     if ray is not None:  # the same sweep on Ray actors; without --ray, Ray is never imported
         if isolation != "bwrap":
             fail("--isolation none is not available with --ray; Ray workers always use bwrap")
-        if network != "none":
-            fail("--network default is not available with --ray; Ray workers' containers have no network")
         from functools import partial
 
         from kvagent.cli.eval_ray import run_eval_ray
 
-        run_eval = partial(run_eval_ray, ray_address=ray, engines=engines, image_registry=image_registry)
+        run_eval = partial(
+            run_eval_ray, ray_address=ray, engines=engines, image_registry=image_registry, network=network
+        )
     else:
         if engines is not None or image_registry is not None:
             fail("--engines and --image-registry need --ray (e.g. --ray auto)")

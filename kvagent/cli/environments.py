@@ -15,6 +15,9 @@ GRADE_LIMITS = {"mem_limit": "4g", "pids_limit": 4096}
 ISOLATIONS = ("bwrap", "none")
 # --network: a docker sandbox's network. R2E-Gym's containers have Docker's default one (docs/deepswe.md).
 NETWORKS = ("none", "default")
+# --network left out: the scaffold's. R2E-Gym's protocol runs with the network; kvagent's keeps
+# model-written commands off it unless asked.
+NETWORK_BY_SCAFFOLD = {"kvagent": "none", "r2egym": "default"}
 
 
 def check_isolation(isolation: str) -> str:
@@ -33,12 +36,16 @@ def with_isolation(spec: dict[str, Any], isolation: str) -> dict[str, Any]:
     return {**spec, "isolation": isolation} if spec.get("backend") == "local" else spec
 
 
-def check_network(network: str, backend: str) -> bool:
-    """--network, checked before anything slow: True for Docker's default network. Only docker
-    sandboxes take `default` (a local sandbox's network stays unshared)."""
+def check_network(network: str | None, backend: str, scaffold: str = "kvagent") -> bool:
+    """--network, checked before anything slow: True for Docker's default network. Left out (None):
+    the scaffold's (NETWORK_BY_SCAFFOLD). Only docker sandboxes have one: `default` given for
+    another is refused, the scaffold's is not applied (a local sandbox's network stays unshared)."""
+    if network is None:
+        return backend == "docker" and NETWORK_BY_SCAFFOLD.get(scaffold) == "default"
     if network not in NETWORKS:
         raise ConfigError(
-            f"network: got {network!r}; use none (the default) or default (Docker's network, as R2E-Gym's)"
+            f"network: got {network!r}; use none or default (Docker's network, as R2E-Gym's); left out, "
+            "the scaffold's (default under --scaffold r2egym)"
         )
     if network == "default" and backend != "docker":
         raise ConfigError(
@@ -47,9 +54,9 @@ def check_network(network: str, backend: str) -> bool:
     return network == "default"
 
 
-def with_network(spec: dict[str, Any], network: str) -> dict[str, Any]:
-    """A sandbox spec (`solve.sandbox_spec`) with --network applied."""
-    return {**spec, "network": True} if check_network(network, spec.get("backend", "")) else spec
+def with_network(spec: dict[str, Any], network: str | None, scaffold: str = "kvagent") -> dict[str, Any]:
+    """A sandbox spec (`solve.sandbox_spec`) with --network (or the scaffold's) applied."""
+    return {**spec, "network": True} if check_network(network, spec.get("backend", ""), scaffold) else spec
 
 
 def docker_env(instance: Instance, network: bool = False) -> Any:

@@ -220,7 +220,7 @@ def run_eval(
     dtype: str = "auto",
     console: Console | None = None,
     isolation: str = "bwrap",
-    network: str = "none",
+    network: str | None = None,  # None: the scaffold's
     grid: Mapping[str, Any] | None = None,
     sweep: EvalSweep,
     decode_step: str = "auto",
@@ -236,12 +236,13 @@ def run_eval(
     if env == "local" and not repos:
         raise KvagentError("eval: --env local needs --repos DIR holding one checkout per instance id")
     environments.check_isolation(isolation)
-    network_on = environments.check_network(network, env)
-    check_engine(device, decode_step)  # before the dataset loads
+    environments.check_network(network, env)  # a bad value before the dataset loads
+    check_engine(device, decode_step)
     plan = plan_eval(sweep, console)
     agent_cfg, selected, runs, run_dir, done, left = (
         plan.agent_config, plan.selected, plan.runs, plan.run_dir, plan.done, plan.left
     )  # fmt: skip
+    network_on = environments.check_network(network, env, agent_cfg.scaffold)
     concurrency = plan.concurrency
     if env == "local":
         open_env = environments.local_env(Path(repos), isolation)

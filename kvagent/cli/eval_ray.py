@@ -4,6 +4,7 @@ actors (one engine on one GPU each), recorded by this process into the same resu
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections import Counter
@@ -40,6 +41,7 @@ class EngineSetup:
     dtype: str = "auto"
     check: Sequence[EvalRun] = ()  # runs whose settings are checked on the loaded engine
     decode_step: str = "auto"  # checked against the actor's own device as its engine loads
+    network: bool = False  # docker episodes on Docker's default network (--network, or the scaffold's)
 
     def __call__(self) -> EvalRunner:
         from kvagent.cli import environments
@@ -51,7 +53,8 @@ class EngineSetup:
             repos = Path(self.repos or "")
             open_env, grader = environments.local_env(repos), environments.local_grader(repos)
         else:
-            open_env, grader = environments.docker_env, environments.docker_grader
+            open_env = functools.partial(environments.docker_env, network=self.network)
+            grader = environments.docker_grader
         # Ray sets the actor's CUDA_VISIBLE_DEVICES (its GPU) and OMP threads (its CPUs).
         engine = Engine.load(self.model, device=self.device, dtype=self.dtype, max_batch=self.concurrency,
                              decode_step=self.decode_step)  # fmt: skip
@@ -207,9 +210,11 @@ def run_eval_ray(
     console: Console | None = None,
     sweep: EvalSweep,
     decode_step: str = "auto",
+    network: str | None = None,  # None: the scaffold's
 ) -> dict[str, Any]:
     """`kvagent eval`'s planning, checks, records and report (kvagent.cli.eval), its episodes on Ray:
     `sweep` is what runs."""
+    from kvagent.cli import environments
     from kvagent.cli.common import check_out_dir
     from kvagent.cli.eval import finish_eval, plan_eval, write_grid
     from kvagent.evals.distributed import RayExecutor
@@ -221,11 +226,13 @@ def run_eval_ray(
         raise ConfigError(f"env: got {env!r}; choose docker or local")
     if env == "local" and not repos:
         raise ConfigError("eval: --env local needs --repos DIR holding one checkout per instance id")
+    environments.check_network(network, env)  # a bad value before the dataset loads
     plan = plan_eval(sweep, console)
     agent_cfg, selected, runs, run_dir, done, left = (
         plan.agent_config, plan.selected, plan.runs, plan.run_dir, plan.done, plan.left
     )  # fmt: skip
     concurrency = plan.concurrency
+    network_on = environments.check_network(network, env, agent_cfg.scaffold)
     records: list[dict[str, Any]] = []
     if left:
         check_out_dir(run_dir)  # a file in the way fails before Ray starts
@@ -238,7 +245,7 @@ def run_eval_ray(
                 f"Ray: {n} engine(s) of {model} on {gpus or 'no'} GPU(s), {concurrency} episode(s) each"
             )
             setup = EngineSetup(model, by_id, env, repos, grade, agent_cfg, concurrency, device, dtype, left,
-                                decode_step=decode_step)  # fmt: skip
+                                decode_step=decode_step, network=network_on)  # fmt: skip
             needed = [by_id[iid] for iid in dict.fromkeys(r.instance_id for r in left)]
             table = EngineTable(runs, done, min(n, len(left)))
             executor = RayExecutor(setup, run_dir=run_dir, engines=n, concurrency=concurrency,

@@ -103,7 +103,11 @@ ReusePrefix = Annotated[
     ),
 ]
 Network = Annotated[
-    str, typer.Option(help="Docker sandboxes: none, or default (Docker's network, as R2E-Gym's containers).")
+    str | None,
+    typer.Option(
+        help="Docker sandboxes: none, or default (Docker's network, as R2E-Gym's containers). Default: the "
+        "scaffold's (default under --scaffold r2egym, none under kvagent's)."
+    ),
 ]
 Split = Annotated[str, typer.Option(help="Dataset split (HF names, folders).")]
 Instances = Annotated[

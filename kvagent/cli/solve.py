@@ -90,7 +90,7 @@ def run_solve(
     dtype: str = "auto",
     console: Console | None = None,
     isolation: str = "bwrap",
-    network: str = "none",
+    network: str | None = None,  # None: the scaffold's
     decode_step: str = "auto",
 ) -> Any:
     from kvagent.agent.solve import solve_episode
@@ -102,7 +102,7 @@ def run_solve(
     cfg, agent_cfg = cache_config_of(cache), agent_config_of(agent)
     console = console or Console(stderr=True)
     spec = environments.with_network(
-        environments.with_isolation(sandbox_spec(repo, image), isolation), network
+        environments.with_isolation(sandbox_spec(repo, image), isolation), network, agent_cfg.scaffold
     )
     check_image(spec)
     out_dir = check_out_dir(out or f"runs/solve-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -76,7 +76,7 @@ def test_the_help_says_what_each_mode_is():
         assert words in text
 
 
-def ray_setup(monkeypatch, mini, tmp_path, *extra):
+def ray_setup(monkeypatch, mini, tmp_path, *extra, env="local"):
     """`eval --ray auto` as far as building its actors' EngineSetup (no Ray: a stand-in cluster); its
     arguments."""
     import kvagent.cli.eval_ray as eval_ray
@@ -92,7 +92,7 @@ def ray_setup(monkeypatch, mini, tmp_path, *extra):
     monkeypatch.setattr(eval_ray, "EngineSetup", setup)
     dataset, repos = mini
     with pytest.raises(Loaded) as got:
-        run_app(app, ["eval", "--dataset", str(dataset), "--env", "local", "--repos", str(repos), "--out",
+        run_app(app, ["eval", "--dataset", str(dataset), "--env", env, "--repos", str(repos), "--out",
                       str(tmp_path / "o"), "--policies", "full", "--modes", "persistent", "--ray", "auto", *extra])  # fmt: skip
     return got.value
 
