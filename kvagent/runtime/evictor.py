@@ -89,10 +89,10 @@ class Evictor:
             layer_class=HeadLayer if self.adaptive else None,
         )
         for layer in cache.layers:
-            layer.headroom = c.buffer  # HeadLayer: rows each head keeps free after a round
+            layer.headroom = self.schedule.headroom  # HeadLayer: rows each head keeps free after a round
         if c.evicts and isinstance(c.budget, int):
             for layer, k in zip(cache.layers, self.layer_budgets(0), strict=True):
-                layer.capacity_hint = k + c.recent + c.buffer
+                layer.capacity_hint = self.schedule.trigger(k)
         self.cache = cache
         self.state: list[dict] = [{} for _ in range(self.n_layers)]  # per layer, the policy's
 
@@ -228,7 +228,7 @@ class Evictor:
             torch.cuda.synchronize()
         t1 = time.perf_counter()
         before = layer.held()
-        self._compact(li, keep, budget + self.config.recent + self.config.buffer, pad=self.adaptive)
+        self._compact(li, keep, self.schedule.trigger(budget), pad=self.adaptive)
         if self.sync:
             torch.cuda.synchronize()
         t2 = time.perf_counter()

@@ -75,6 +75,11 @@ class Schedule:
         """Entries a layer takes beyond what a round leaves before its next round: r."""
         return self.config.buffer
 
+    def trigger(self, k: int) -> int:
+        """The most entries a layer of this K holds: its round runs when it holds this many (K + 2r
+        under recent-buffer, K + r under topk-all), and a layer's buffers are sized to it."""
+        return k + self.kept + self.headroom
+
     def capacities(self) -> tuple[int, ...] | None:
         """Each layer's most entries (its trigger) when fixed for the session's life (an evicting
         cache with a token budget and uniform heads): the slot pool it can live in on a batching
@@ -82,15 +87,16 @@ class Schedule:
         c = self.config
         if not c.evicts or not isinstance(c.budget, int) or c.adaptive_heads:
             return None
-        return tuple(k + self.kept + self.headroom for k in self.layer_budgets(0))
+        return tuple(self.trigger(k) for k in self.layer_budgets(0))
 
     def room(self, logical_length: int, loads: list[int]) -> int:
         """Tokens that can be fed before some layer holding `loads` reaches its trigger (<= 0: a
         round is due)."""
         if not self.config.evicts:
             return NO_ROUND
-        top = self.kept + self.headroom
-        room = min(k + top - n for k, n in zip(self.layer_budgets(logical_length), loads, strict=True))
+        room = min(
+            self.trigger(k) - n for k, n in zip(self.layer_budgets(logical_length), loads, strict=True)
+        )
         b = self.config.budget
         if isinstance(b, float) and room > 0:
             # K grows with the episode for a fractional budget; stretch the chunk so it still ends
@@ -115,7 +121,7 @@ class Schedule:
         """The logical length at which `layer` first evicts, where it can be known before the
         episode (None: no round, or one whose timing depends on the episode)."""
         c = self.config
-        b, r, recent = c.budget, self.headroom, self.kept
+        b, recent = c.budget, self.kept
         if c.mode == "reprefill":
             # Every append rebuilds the cache and cuts it to K (+ the recent buffer) at once.
             k = self.layer_budgets(prompt_length)[layer]
@@ -127,14 +133,14 @@ class Schedule:
         if isinstance(b, int):
             ks = self.layer_budgets(0)
             # shared: the first layer's trigger, or later if this layer does not yet hold more than K + r
-            return max(min(ks) + recent + r, ks[layer] + recent + 1) if shared else ks[layer] + recent + r
+            return max(self.trigger(min(ks)), ks[layer] + recent + 1) if shared else self.trigger(ks[layer])
 
         # A fraction: the first length that reaches K(L) + r (+ r), by bisection (L - K(L) grows with L).
         def due(n: int) -> bool:
             ks = self.layer_budgets(n)
             if shared:
-                return n > ks[layer] + recent and n >= min(ks) + recent + r
-            return n >= ks[layer] + recent + r
+                return n > ks[layer] + recent and n >= self.trigger(min(ks))
+            return n >= self.trigger(ks[layer])
 
         if not due(_SEARCH_LIMIT):
             return None

@@ -5,6 +5,7 @@ fractional budgets, both frameworks and both cadences, on layers with different 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kvagent.runtime import CacheConfig
 from kvagent.runtime.schedule import NO_ROUND, Schedule
@@ -64,3 +65,24 @@ def test_a_reprefill_rebuild_cuts_every_layer_over_what_a_round_leaves():
     assert schedule.due(300, [280, 275]) == []
     assert schedule.due(300, [280, 275], to_budget=True) == [0, 1]
     assert schedule.due(300, [288, 272], to_budget=True) == [0]
+
+
+@pytest.mark.parametrize("framework", ["recent-buffer", "topk-all"])
+def test_a_session_sizes_its_layers_to_the_trigger(qwen3_engine, framework):
+    """What the evictor allocates is the Schedule's trigger (K_l + 2r, K_l + r under topk-all),
+    before any round (a token budget's buffers) and after one (a fraction's private buffers)."""
+    r = 16
+    extra = 2 * r if framework == "recent-buffer" else r
+    ids = torch.randint(0, 512, (400,), generator=torch.Generator().manual_seed(0)).tolist()
+    fixed = qwen3_engine.session(
+        CacheConfig(policy="pyramidkv", budget=128, buffer=r, framework=framework, protect="sink")
+    )
+    ks = fixed.evictor.layer_budgets(0)
+    assert [layer.capacity_hint for layer in fixed.cache.layers] == [k + extra for k in ks]
+    frac = CacheConfig(
+        policy="pyramidkv", budget=0.3, buffer=r, framework=framework, mode="reprefill", protect="sink"
+    )
+    s = qwen3_engine.session(frac)
+    s.append(ids)  # the rebuild is cut to what a round leaves in buffers of the trigger's size
+    ks = s.evictor.layer_budgets(s.logical_length)
+    assert [layer.keys.shape[-2] for layer in s.cache.layers] == [k + extra for k in ks]
