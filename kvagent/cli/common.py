@@ -116,8 +116,7 @@ def cache_config(
     """The CacheConfig of a one-run command (solve, chat, serve) from its cache options (`settings`:
     the other CacheConfig fields; `settings.CacheOptions.config` passes them all); a policy without a
     budget (or a budget without a policy) and unknown policy options fail here, before the model loads."""
-    from kvagent.runtime import CacheConfig
-    from kvagent.runtime.policies import make_policy
+    from kvagent.runtime.config import CacheConfig, build_policy
 
     k = parse_budget(budget)
     if isinstance(k, int) and k < 1:
@@ -131,7 +130,7 @@ def cache_config(
     if problem:
         raise ConfigError(problem)
     if args:
-        make_policy(policy, **args)  # unknown options and bad values, before the model loads
+        build_policy(config)  # unknown options and bad values, before the model loads
     return config
 
 

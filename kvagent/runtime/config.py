@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -91,9 +92,8 @@ class CacheConfig:
                 raise ConfigError(problem)
         if self.adaptive_heads:
             from kvagent.runtime.heads import check_adaptive
-            from kvagent.runtime.policies import make_policy
 
-            problem = check_adaptive(make_policy(self.policy, **self.policy_args), self.policy)
+            problem = check_adaptive(build_policy(self), self.policy)
             if problem:
                 raise ConfigError(problem)
 
@@ -115,13 +115,24 @@ class CacheConfig:
         return asdict(self)
 
 
+def build_policy(config: CacheConfig, model_facts: Mapping[str, Any] | None = None) -> Any:
+    """The policy object of `config`, built in this one place: its policy_args, and what it takes
+    from the run (`model_args`: the config's window, the engine's `model_facts`) where policy_args
+    leaves it out. The session passes its engine's facts; a check before the engine loads passes
+    none (what it asks, K's split and the block, needs no model fact)."""
+    from kvagent.runtime.policies import make_policy
+    from kvagent.runtime.policies.base import model_defaults
+
+    known = {**(model_facts or {}), "window": config.window}
+    filled = model_defaults(config.policy, known, config.policy_args)
+    return make_policy(config.policy, **filled, **config.policy_args)
+
+
 def buffer_fit_problem(config: CacheConfig) -> str | None:
     """Why the recent buffer cannot be kept outside a block policy's blocks (None if it can): under
     recent-buffer, r must be whole blocks, so the entries that leave the buffer at each round are
     whole blocks of consecutive positions, never half a block joined to older entries."""
-    from kvagent.runtime.policies import make_policy
-
-    block = make_policy(config.policy, **config.policy_args).block
+    block = build_policy(config).block
     r = config.buffer
     if block <= 1 or r % block == 0:
         return None

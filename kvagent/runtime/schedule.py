@@ -15,20 +15,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvagent.runtime.config import CacheConfig
+from kvagent.runtime.config import CacheConfig, build_policy
 
 _SEARCH_LIMIT = 1 << 26  # logical tokens; no first round below it = none that matters
 NO_ROUND = 1 << 62  # the room of a cache that never evicts
-
-
-def make_policy_for(config: CacheConfig) -> Any:
-    """The policy object of `config`, with what it needs from the model at its defaults (the
-    session fills those from the engine; a check before the engine loads needs none of them)."""
-    from kvagent.runtime.policies import make_policy
-    from kvagent.runtime.policies.base import model_defaults
-
-    filled = model_defaults(config.policy, {"window": config.window}, config.policy_args)
-    return make_policy(config.policy, **filled, **config.policy_args)
 
 
 class Schedule:
@@ -43,7 +33,7 @@ class Schedule:
     @classmethod
     def of(cls, config: CacheConfig, n_layers: int, policy: Any = None) -> Schedule:
         """A schedule for a check made before a session exists (`policy`: built from `config` if None)."""
-        return cls(config, make_policy_for(config) if policy is None else policy, n_layers)
+        return cls(config, build_policy(config) if policy is None else policy, n_layers)
 
     # ----------------------------------------------------------------- K
     def tokens(self, logical_length: int) -> int:

@@ -24,12 +24,10 @@ import torch
 from kvagent.errors import ConfigError
 from kvagent.runtime.budget import check_budget, check_prompt_fits
 from kvagent.runtime.cache import EvictableCache
-from kvagent.runtime.config import CacheConfig, Sampling
+from kvagent.runtime.config import CacheConfig, Sampling, build_policy
 from kvagent.runtime.evictor import DenseSnapshot, Evictor, pool_capacities
 from kvagent.runtime.forward import Chunk
 from kvagent.runtime.generation import Generation, Stopping, generate_tokens
-from kvagent.runtime.policies import make_policy
-from kvagent.runtime.policies.base import model_defaults
 from kvagent.runtime.scheduler import scheduled
 from kvagent.runtime.stats import CacheStats
 
@@ -68,9 +66,7 @@ class Session:
     def __init__(self, engine: SessionEngine, config: CacheConfig) -> None:
         self.engine = engine
         self.config = config
-        known = {**engine.model_facts, "window": config.window}  # what a policy may take from the run
-        facts = model_defaults(config.policy, known, config.policy_args)
-        policy = make_policy(config.policy, **facts, **config.policy_args)
+        policy = build_policy(config, engine.model_facts)
         check_budget(config, policy, engine.max_context)
         self.history: list[int] = []
         self.prompt_length: int | None = None

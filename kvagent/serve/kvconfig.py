@@ -81,9 +81,9 @@ def request_config(defaults: CacheConfig, kv: dict[str, Any]) -> CacheConfig:
     try:
         config = dataclasses.replace(defaults, **changes)
         if config.policy_args:
-            from kvagent.runtime.policies import make_policy
+            from kvagent.runtime.config import build_policy
 
-            make_policy(config.policy, **config.policy_args)  # unknown options, bad values
+            build_policy(config)  # unknown options, bad values
     except ConfigError as e:
         raise RequestError(request_spelling(str(e))) from None
     except TypeError as e:  # a policy option of the wrong type that its constructor did not expect

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvagent.runtime import CacheConfig, Engine
+from kvagent.runtime.config import build_policy
 from kvagent.runtime.models import tiny_random_model
 from kvagent.runtime.policies.base import model_defaults
 from kvagent.runtime.policies.triattention import rope_frequencies
@@ -66,6 +67,16 @@ def test_an_explicit_rope_theta_wins_and_other_policies_get_nothing():
     assert s.policy._frequencies(_view_like(16)).allclose(rope_frequencies(500.0, 16))
     assert model_defaults("snapkv", engine.model_facts, {}) == {}
     assert engine.session(CacheConfig(policy="snapkv", budget=48, buffer=16)).policy is not None
+
+
+def test_one_function_builds_a_configs_policy_for_the_session_and_the_checks():
+    engine = engine_for()
+    assert build_policy(CacheConfig(policy="pyramidkv", budget=64, window=8)).window == 8  # the config's
+    told = CacheConfig(policy="pyramidkv", budget=64, window=8, policy_args={"window": 4})
+    assert build_policy(told).window == 4 == engine.session(told).policy.window  # policy_args win
+    tri = CacheConfig(policy="triattention", budget=48)
+    assert build_policy(tri).inv_freq is None  # a check before the engine loads: no model facts
+    assert torch.equal(build_policy(tri, engine.model_facts).inv_freq, engine.session(tri).policy.inv_freq)
 
 
 def test_scaled_rope_yarn_gives_the_scaled_frequencies():
