@@ -361,7 +361,8 @@ def run_chat(
     check_before_sandbox(engine, cfg, config, "", sandbox_workdir(spec["backend"]))
     resume = session_file is not None and Path(session_file).exists()
     session = engine.load_session(session_file) if resume else engine.session(cfg)
-    cfg = session.config
+    if resume:
+        cfg = session.config  # a resumed chat keeps the cache it was saved with
     with open_sandbox(**spec) as sandbox:
         console.print(
             Text(
