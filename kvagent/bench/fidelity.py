@@ -19,7 +19,7 @@ from kvagent.bench.tables import fidelity_markdown
 from kvagent.errors import ConfigError
 from kvagent.fileio import atomic_write_text
 from kvagent.runspec import DEFAULTS, RunSpec, sweep
-from kvagent.runtime.budget import prompt_fit_problem
+from kvagent.runtime.budget import check_run
 
 RESULTS = "fidelity.json"
 
@@ -63,12 +63,10 @@ def check_setting(engine, spec: RunSpec, stream: Stream) -> str | None:
     """Why this spec cannot run on this episode (None if it can)."""
     if spec.policy == "full":
         return None
-    config = spec.cache_config()
     try:
-        engine.session(config)  # block-multiple and context-limit checks
+        return check_run(engine, spec.cache_config(), stream.prompt_length, option="--budgets")
     except ConfigError as e:
         raise ConfigError(f"{spec.label}: {e}") from None
-    return prompt_fit_problem(config, stream.prompt_length, engine.n_layers, option="--budgets")
 
 
 # ----------------------------------------------------------------------- records

@@ -32,7 +32,7 @@ def run_demo(
     from kvagent.cli.common import check_out_dir, load_engine, resume_hint
     from kvagent.cli.ui import Bars
     from kvagent.errors import ConfigError
-    from kvagent.runtime.budget import prompt_fit_problem, roomy_budget
+    from kvagent.runtime.budget import check_run, roomy_budget
 
     if budget < 1:
         raise ConfigError(f"budget: must be >= 1 token, got {budget}; e.g. --budget 512")
@@ -52,9 +52,7 @@ def run_demo(
     engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step)
     stream = build_stream(episode, engine.tokenizer)
     for spec in grid:  # the budget suits each policy (its block) and holds the protected prompt
-        config = spec.cache_config()
-        engine.session(config)
-        if prompt_fit_problem(config, stream.prompt_length, engine.n_layers):  # the demo has no --protect
+        if check_run(engine, spec.cache_config(), stream.prompt_length):  # the demo has no --protect
             raise ConfigError(
                 f"budget: K={budget} cannot hold the episode's protected prompt ({stream.prompt_length} "
                 f"tokens), so nothing could be evicted; use --budget {roomy_budget(stream.prompt_length)} or more"

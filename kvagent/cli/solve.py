@@ -13,7 +13,7 @@ from rich.console import Console
 from kvagent.agent.loop import EpisodeInterrupted
 from kvagent.cli.common import check_out_dir, load_engine, sandbox_workdir
 from kvagent.cli.settings import AgentOptions, CacheOptions, agent_config_of, cache_config_of
-from kvagent.errors import KvagentError
+from kvagent.errors import ConfigError, KvagentError
 from kvagent.fileio import atomic_write_text
 
 
@@ -64,9 +64,9 @@ def check_before_sandbox(
     first prompt longer than --context-limit, before a sandbox is opened. The first prompt is counted
     as `kvagent eval` counts it (`first_prompt_tokens`), in a sandbox whose repository is at `workdir`."""
     from kvagent.agent.solve import first_prompt_tokens
-    from kvagent.runtime.budget import check_prompt_fits
+    from kvagent.runtime.budget import check_run
 
-    engine.session(cache_config)
+    check_run(engine, cache_config)
     length = first_prompt_tokens(engine.tokenizer, issue_text, agent_config, workdir)
     limit = agent_config.context_limit
     if length >= limit:
@@ -74,7 +74,9 @@ def check_before_sandbox(
             f"context-limit: {limit} tokens, but the first prompt is {length} tokens; use --context-limit "
             f"above {length}"
         )
-    check_prompt_fits(cache_config, length, engine.n_layers)
+    problem = check_run(engine, cache_config, length)
+    if problem:
+        raise ConfigError(problem)
 
 
 def run_solve(

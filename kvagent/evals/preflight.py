@@ -31,13 +31,13 @@ def check_grid(
     """Raise a one-line ConfigError naming the first setting of `runs` that cannot run: sampling
     settings (per seed), each cache configuration on this engine (block multiples, the model's context),
     and the protected prompt of the longest instance prompt against each budget and the context limit."""
-    from kvagent.runtime.budget import prompt_fit_problem
+    from kvagent.runtime.budget import check_run
 
     check_sampling(agent_config, runs)
     specs = list(dict.fromkeys(r.spec for r in runs))
     for spec in specs:
         try:
-            engine.session(spec.cache_config())
+            check_run(engine, spec.cache_config())
         except ConfigError as e:
             raise ConfigError(f"{spec.label}: {e}") from None
     if not runs:
@@ -53,8 +53,7 @@ def check_grid(
             f"context-limit: {agent_config.context_limit} tokens, but the first prompt of {iid} is {longest} "
             f"tokens; use --context-limit above {longest}"
         )
-    n_layers = getattr(engine, "n_layers", 1)
     for spec in specs:
-        problem = prompt_fit_problem(spec.cache_config(), longest, n_layers, option="--budgets")
+        problem = check_run(engine, spec.cache_config(), longest, option="--budgets")
         if problem:
             raise ConfigError(f"{spec.label} on {iid} (longest first prompt): {problem}")

@@ -75,6 +75,21 @@ def prompt_fit_problem(
     return None
 
 
+def check_run(
+    engine: Any, config: CacheConfig, prompt_length: int | None = None, option: str = "--budget"
+) -> str | None:
+    """The one check a command makes before anything slow (a sandbox, a grid, a benchmark): raises
+    the ConfigError of settings this model cannot run at all (the session's own checks: the policy's
+    options, the budget against the model's context and the policy's block), and returns why a
+    first prompt of `prompt_length` tokens leaves the Schedule's first round nothing to evict (None
+    if it does not, or with no length). `option`: the flag the advice names (eval's is --budgets)."""
+    engine.session(config)  # dropped at once, and its pool slot with it
+    if prompt_length is None:
+        return None
+    # A test double engine has no layers to count.
+    return prompt_fit_problem(config, prompt_length, getattr(engine, "n_layers", 1), option=option)
+
+
 def check_prompt_fits(config: CacheConfig, prompt_length: int, n_layers: int = 1, policy: Any = None) -> None:
     """Raise the ConfigError of `prompt_fit_problem`, if there is one."""
     problem = prompt_fit_problem(config, prompt_length, n_layers, policy)

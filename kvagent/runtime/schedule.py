@@ -1,6 +1,6 @@
 """When a session's eviction rounds come: the one object that the evictor asks while it runs and
-every check before a run (a command's budget refusal, eval's grid check, serve's request check, the
-study's and fidelity's eligibility, through `budget.prompt_fit_problem`) asks before anything slow.
+every check before a run (a command's budget refusal, eval's grid check, fidelity's eligibility,
+the demo's, through `budget.check_run`; a served request's at its session's first append) asks.
 
 Built from a CacheConfig, the policy and the model's layer count, it owns:
 - each layer's K (`layer_budgets`): the policy's split of the budget, where a fractional budget is

@@ -12,7 +12,7 @@ from kvagent.evals.datasets import Instance
 from kvagent.evals.preflight import check_grid
 from kvagent.evals.runner import plan_runs
 from kvagent.runtime import CacheConfig
-from kvagent.runtime.budget import prompt_fit_problem
+from kvagent.runtime.budget import check_run, prompt_fit_problem
 from kvagent.testing import ScriptedEngine, ScriptedSession
 
 SUBMIT = "<function=finish>\n<parameter=command>submit</parameter>\n</function>"
@@ -101,6 +101,19 @@ def test_the_rule_agrees_with_a_real_session(tiny_engine, monkeypatch, budget, p
     assert (problem is not None) == session_fails(tiny_engine, config, 40, monkeypatch), problem
     if problem:
         assert problem.startswith("budget: ") and f"protect={protect}" in problem
+
+
+def test_one_check_raises_what_the_model_cannot_run_and_returns_what_the_prompt_cannot(tiny_engine):
+    with pytest.raises(ConfigError, match="multiple of nexus's block"):
+        check_run(tiny_engine, CacheConfig(policy="nexus", budget=1001), 16)
+    with pytest.raises(ConfigError, match="context limit"):
+        check_run(tiny_engine, CacheConfig(policy="random", budget=10**9))
+    config = CacheConfig(policy="random", budget=32, buffer=16)
+    assert check_run(tiny_engine, config) is None and check_run(tiny_engine, config, 16) is None
+    problem = check_run(tiny_engine, config, 40, option="--budgets")
+    assert problem is not None and problem == prompt_fit_problem(
+        config, 40, tiny_engine.n_layers, option="--budgets"
+    )
 
 
 def test_fraction_and_sink_budgets_are_checked():
