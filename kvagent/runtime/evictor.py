@@ -19,9 +19,9 @@ from kvagent.errors import ConfigError
 from kvagent.runtime.audit import AuditRound
 from kvagent.runtime.cache import EvictableCache, keep_index
 from kvagent.runtime.config import SINK_TOKENS, CacheConfig
-from kvagent.runtime.eviction import build_view, pad_state, round_generator, select
 from kvagent.runtime.heads import HeadLayer, select_adaptive
 from kvagent.runtime.policies.base import BasePolicy
+from kvagent.runtime.round import build_view, pad_state, round_generator, select
 from kvagent.runtime.schedule import Schedule
 from kvagent.runtime.stats import CacheStats
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvagent.runtime.eviction import block_partition
 from kvagent.runtime.policies import make_policy
+from kvagent.runtime.round import block_partition
 
 # (policy, knob, its value under topk-all, off) for every policy's own recency keep
 RECENCY_KNOBS = [
