@@ -351,7 +351,11 @@ class Session:
         tracer = self.tracer
         kept = self.kept_positions() if tracer is not None else None
         chunk = Chunk(
-            cache, ids, torch.arange(start, start + len(ids), device=self.engine.device), all_logits, first=start
+            cache,
+            ids,
+            torch.arange(start, start + len(ids), device=self.engine.device),
+            all_logits,
+            first=start,
         )
         t0 = time.perf_counter()
         self.engine.forward(chunk)
