@@ -56,6 +56,10 @@ class StaticBatch:
         pin = dev.type == "cuda"
         # Host staging, one row per input: ids, pos, wpos, ridx, then lens (L rows).
         self.host = torch.empty((4 + n_layers, size), dtype=torch.long, pin_memory=pin)
+        # An empty row's inputs: token 0 at position 0, recorded as -1, written to the scratch column
+        # of every layer (C_l) and of the ring (W); made once, copied in at every fill.
+        empty = [0, 0, -1, self.window, *self.caps]
+        self.empty = torch.tensor(empty, dtype=torch.long)[:, None].expand(-1, size).numpy().copy()
         self.inputs = torch.empty((4 + n_layers, size), dtype=torch.long, device=dev)
         self.args = (
             self.inputs[0],
@@ -79,9 +83,7 @@ class StaticBatch:
         if self.copied is not None:
             self.copied.synchronize()  # the previous step's copy may still read the staging rows
         h = self.host.numpy()
-        h[0], h[1], h[2], h[3] = 0, 0, -1, self.window  # empty rows: scratch column, position -1
-        for li, cap in enumerate(self.caps):
-            h[4 + li] = cap
+        h[:] = self.empty  # every row empty (scratch column, position -1) until a session fills it
         for slot, (token, position, lens, ring_index) in rows.items():
             i = slot - self.first
             h[0, i], h[1, i], h[2, i], h[3, i] = token, position, position, ring_index
