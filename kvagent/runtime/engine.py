@@ -15,7 +15,7 @@ from kvagent.runtime import attention, models
 from kvagent.runtime.config import CacheConfig
 from kvagent.runtime.forward import Chunk, run_forward
 from kvagent.runtime.pool import Slot, SlotPool
-from kvagent.runtime.scheduler import Scheduler
+from kvagent.runtime.scheduler import PREFILL_BUDGET, Scheduler
 from kvagent.runtime.session import Session
 from kvagent.runtime.step import StepRunner
 
@@ -72,9 +72,17 @@ class Engine:
         name: str,
         max_batch: int = 1,
         decode_step: str = "auto",
+        prefill_budget: int | None = PREFILL_BUDGET,
     ):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ConfigError(f"max_batch: expected an int >= 1 (1 = no batching), got {max_batch!r}")
+        if prefill_budget is not None and (
+            isinstance(prefill_budget, bool) or not isinstance(prefill_budget, int) or prefill_budget < 1
+        ):
+            raise ConfigError(
+                f"prefill_budget: expected an int >= 1 (prefill tokens a forward takes beside decode "
+                f"tokens) or None (no limit), got {prefill_budget!r}"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
@@ -93,7 +101,7 @@ class Engine:
         # What policies may take from the model (BasePolicy.model_args) instead of from the user.
         self.model_facts = {"inv_freq": _rope_inv_freq(model)}
         self.max_batch = max_batch
-        self.scheduler = Scheduler(self, max_batch) if max_batch > 1 else None
+        self.scheduler = Scheduler(self, max_batch, prefill_budget=prefill_budget) if max_batch > 1 else None
         self.pools: dict[tuple, SlotPool] = {}
         self._pools_lock = threading.Lock()
         # The static decode step (step.py): its mode, and None where the architecture has none.
@@ -101,11 +109,20 @@ class Engine:
 
     @classmethod
     def load(
-        cls, model, tokenizer=None, device="auto", dtype="auto", attn="auto", max_batch=1, decode_step="auto"
+        cls,
+        model,
+        tokenizer=None,
+        device="auto",
+        dtype="auto",
+        attn="auto",
+        max_batch=1,
+        decode_step="auto",
+        prefill_budget=PREFILL_BUDGET,
     ) -> Engine:
         """`model`: a name (smollm2, tiny-random-qwen3, tiny-random-llama), hub id, local dir,
         .gguf file, or a built PreTrainedModel (then pass its tokenizer). `max_batch > 1`: sessions
-        driven from different threads share forwards, up to that many per forward. `decode_step`:
+        driven from different threads share forwards, up to that many per forward, and a forward takes
+        at most `prefill_budget` prompt tokens beside decode tokens (scheduler.py). `decode_step`:
         how evicting sessions' decode tokens run (step.py: auto, eager, static, compiled, graph)."""
         from transformers import AutoTokenizer, PreTrainedModel
 
@@ -135,6 +152,7 @@ class Engine:
             name,
             max_batch=max_batch,
             decode_step=decode_step,
+            prefill_budget=prefill_budget,
         )
 
     def session(self, config: CacheConfig | None = None, **kwargs) -> Session:

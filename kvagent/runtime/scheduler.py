@@ -3,7 +3,10 @@
 Each session runs in its caller's thread and does its own bookkeeping and eviction; only the model
 forward is handed over. A calling thread posts a `Chunk` and blocks; the scheduler thread takes
 every pending chunk (up to `max_batch` and a token cap), runs one packed forward (`forward.py`) and
-wakes the callers. To fill a batch it waits until every session that is inside an API call (or
+wakes the callers. While decode tokens wait, a forward takes at most `prefill_budget` prefill tokens
+beside them (always at least one prefill chunk, so none starves): a burst of prompt chunks then
+spreads over several steps instead of making every decoding session wait for all of it (vLLM's
+chunked-prefill token budget). To fill a batch it waits until every session that is inside an API call (or
 left one within the wait window: a caller looping over `step` is between two calls) has posted,
 but never longer than the wait window after the oldest post: max(`max_wait_s`, a tenth of the
 last forward), so a session busy with an eviction round joins the next forward instead of
@@ -21,14 +24,23 @@ from kvagent.runtime.forward import Chunk, run_forward
 
 MAX_WAIT_S = 0.002
 MAX_TOKENS = 4096  # tokens per packed forward (bounds activations when many sessions prefill)
+PREFILL_BUDGET = 512  # prefill tokens a forward takes beside decode tokens (one default prefill chunk)
 
 
 class Scheduler:
-    def __init__(self, engine, max_batch: int, max_wait_s: float = MAX_WAIT_S, max_tokens: int = MAX_TOKENS):
+    def __init__(
+        self,
+        engine,
+        max_batch: int,
+        max_wait_s: float = MAX_WAIT_S,
+        max_tokens: int = MAX_TOKENS,
+        prefill_budget: int | None = PREFILL_BUDGET,
+    ):
         self.engine = engine
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.max_tokens = max_tokens
+        self.prefill_budget = prefill_budget  # None: only max_tokens bounds a forward's prefill
         self._cond = threading.Condition()
         self._pending: list[tuple[float, Chunk, threading.Event]] = []
         self._in_call: dict[int, int] = {}  # id(session) -> call depth
@@ -94,15 +106,30 @@ class Scheduler:
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            batch, tokens = [], 0
-            for item in self._pending:
-                q = len(item[1].ids)
-                if batch and (len(batch) == self.max_batch or tokens + q > self.max_tokens):
-                    break
-                batch.append(item)
-                tokens += q
-            del self._pending[: len(batch)]
+            batch = self._pick()
+            taken = {id(item) for item in batch}
+            self._pending = [item for item in self._pending if id(item) not in taken]
             return batch
+
+    def _pick(self) -> list[tuple[float, Chunk, threading.Event]]:
+        """The next forward's chunks, oldest first: up to `max_batch` chunks and `max_tokens`
+        tokens; with a decode token among the pending, prefill tokens only up to the budget."""
+        budget = self.prefill_budget
+        if budget is not None and not any(len(c.ids) == 1 for _, c, _ in self._pending):
+            budget = None  # nothing decodes: prefill as fast as the token cap allows
+        batch, tokens, prefill = [], 0, 0
+        for item in self._pending:
+            if len(batch) == self.max_batch:
+                break
+            q = len(item[1].ids)
+            if batch and tokens + q > self.max_tokens:
+                continue  # a later, shorter chunk (a decode token) may still fit
+            if q > 1 and budget is not None and prefill and prefill + q > budget:
+                continue
+            batch.append(item)
+            tokens += q
+            prefill += q if q > 1 else 0
+        return batch
 
     def _expected(self, window: float) -> int:
         """Sessions likely to post soon: inside a call, or out of one for less than `window`."""
