@@ -14,7 +14,10 @@ The layers are the Llama family's (Llama, Mistral, Qwen2, Qwen3: pre-norm, RoPE,
 MLP; Qwen3's per-head q/k norms), computed as transformers' modules compute them, on the model's
 own parameters. q/k/v and gate/up are fused at load: one matmul each, with the original modules'
 weights rebound to views of the fused ones, so no weight is held twice and the eager path (prefill)
-computes with the same numbers. Any other architecture has no static step (`decoder_for` is None).
+computes with the same numbers. RMSNorm, RoPE and the gated activation are small functions of
+their own: `compile_parts` compiles each (the captured CUDA step does, step.py), so each runs as
+one kernel instead of five to eight; a kernel in a graph costs GPU time even with no launch. Any
+other architecture has no static step (`decoder_for` is None).
 """
 
 from __future__ import annotations
@@ -39,6 +42,26 @@ class LayerWeights:
     ln2: torch.Tensor
     gate_up: torch.Tensor  # (2 I, hidden)
     down: torch.Tensor
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm, op for op: float32 statistics, the weight applied in x's dtype."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos) + (rotated * sin)
+
+
+def gated(gate_up: torch.Tensor, act) -> torch.Tensor:
+    """act(gate) * up of the fused gate/up projection's output."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return act(gate) * up
 
 
 def _fuse(modules, name: str = "weight") -> torch.Tensor | None:
@@ -91,19 +114,23 @@ class Decoder:
                 )
             )
         self.act = inner.layers[0].mlp.act_fn
+        self.rms_norm, self.rope, self.gated = rms_norm, rope, gated
+        self.parts_compiled = False
+
+    def compile_parts(self) -> None:
+        """Compile RMSNorm, RoPE and the gated activation on first use (step.py's warm-up call, before
+        a CUDA graph captures them). Shapes left to torch.compile's default: a second batch size
+        recompiles with a dynamic batch dimension, so a third compiles nothing."""
+        if self.parts_compiled:
+            return
+        opts = dict(fullgraph=True)
+        self.rms_norm = torch.compile(rms_norm, **opts)
+        self.rope = torch.compile(rope, **opts)
+        self.gated = torch.compile(gated, **opts)
+        self.parts_compiled = True
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # transformers' RMSNorm, op for op: float32 statistics, the weight applied in x's dtype.
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * h.to(dtype)
-
-    @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x * cos) + (rotated * sin)
+        return self.rms_norm(x, weight, self.eps)
 
     def __call__(self, ids, pos, wpos, lens, ridx, keys, values, positions, ring) -> torch.Tensor:
         """(B, vocab) float32 logits. ids, pos (B,): the token and its logical position (RoPE);
@@ -127,7 +154,7 @@ class Decoder:
             q, k, v = q.view(b, h_q, d), k.view(b, h_kv, d), v.view(b, h_kv, d)
             if w.q_norm is not None:
                 q, k = self._rms(q, w.q_norm), self._rms(k, w.k_norm)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
             at = lens[li][:, None]
             keys[li].index_put_((rows, kv_heads, at), k)
             values[li].index_put_((rows, kv_heads, at), v)
@@ -144,8 +171,7 @@ class Decoder:
             )
             hidden = hidden + F.linear(out.reshape(b, q_size), w.o, w.o_bias)
             x = self._rms(hidden, w.ln2)
-            gate, up = F.linear(x, w.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(self.act(gate) * up, w.down)
+            hidden = hidden + F.linear(self.gated(F.linear(x, w.gate_up), self.act), w.down)
         return F.linear(self._rms(hidden, self.norm), self.lm_head).float()
 
 

@@ -19,7 +19,8 @@ the step and does the bookkeeping that follows (each session's entry counts and 
 - `compiled`: the static step under `torch.compile(fullgraph=True, dynamic=False)`, compiled on
   first use for each batch size B.
 - `graph` (CUDA): the static step captured in a CUDA graph per (block, first slot, B) on first use, all
-  graphs in one memory pool, replayed every step.
+  graphs in one memory pool, replayed every step; its RMSNorm, RoPE and activation compiled
+  (`Decoder.compile_parts`).
 - `auto`: `graph` on CUDA, `static` on a CPU.
 """
 
@@ -110,6 +111,8 @@ class StepRunner:
         # Built once per engine (it fuses the weights); kept, unused, by an eager runner.
         self.decoder = decoder if decoder is not None else decoder_for(engine.model, engine.scaling)
         self.enabled = self.mode != "eager" and self.decoder is not None
+        if self.enabled and self.mode == "graph":
+            self.decoder.compile_parts()  # norms, RoPE, activation: one kernel each in the graph
         # One compiled function for every batch: it compiles once per B (the first slot changes
         # only the views' storage offsets, which its guards do not check).
         self.compiled = None
