@@ -359,6 +359,21 @@ def test_trend_starts_at_the_first_eviction():
     assert planted(False) != pytest.approx(clean)
 
 
+def test_first_eviction_splits_k_with_the_records_window():
+    """PyramidKV reserves the window in every layer, so its smallest layer's K (where the trend
+    starts) depends on the record's window, not the policy's default one."""
+    from kvagent.bench.study.analysis import first_eviction
+    from kvagent.runtime.policies.pyramidkv import pyramid_budgets
+
+    rec = {"policy": "pyramidkv", "budget": 256, "buffer": 32, "window": 64, "n_layers": 4}
+    smallest = min(pyramid_budgets(256, 4, 20.0, window=64))
+    assert smallest != min(pyramid_budgets(256, 4, 20.0, window=16))  # the window matters here
+    assert first_eviction(rec) == smallest + 32 + 1
+    # policy_args' own window wins over the record's, as in the session
+    own = {**rec, "policy_args": {"window": 16}}
+    assert first_eviction(own) == min(pyramid_budgets(256, 4, 20.0, window=16)) + 32 + 1
+
+
 def test_the_analysis_does_not_depend_on_hash_order(tmp_path):
     """The same records give the same numbers in every process: set order changes with each
     process's string hashing, and `--report-only` must reprint what the run printed."""

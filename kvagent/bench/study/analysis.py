@@ -13,10 +13,12 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import asdict
 
 from kvagent.bench.study.design import Design, budget_for
 from kvagent.bench.study.stats import holm, mean_ci, paired, shift
+from kvagent.errors import ConfigError
 
 METRICS = ("kl", "top1", "logp_true")
 PRIMARY = "kl"
@@ -132,17 +134,16 @@ def first_eviction(record: Mapping) -> int:
     """The first stream position whose prediction can have seen an evicted cache: once the smallest
     layer holds more than K + r entries (persistent; one token late for a scheme that evicts at
     exactly K + r), or the end of the first appended chunk that takes the history past K, if earlier
-    (reprefill compresses there)."""
-    from kvagent.runtime.policies import make_policy
+    (reprefill compresses there). Each layer's K is the Schedule's of the record's own settings
+    (PyramidKV's split depends on its window)."""
+    from kvagent.runspec import RunSpec
+    from kvagent.runtime.schedule import Schedule
 
+    spec = RunSpec.from_record(record)
     k = int(record["budget"])
-    n_layers = int(record.get("n_layers") or 1)
-    try:
-        ks = make_policy(record["policy"], **(record.get("policy_args") or {})).layer_budgets(k, n_layers)
-        k = min(int(x) for x in ks)
-    except Exception:  # a policy that has left the registry: its uniform K
-        pass
-    at = k + int(record.get("buffer", 128)) + 1
+    with suppress(ConfigError):  # a policy (or option) that has left the registry: its uniform K
+        k = min(Schedule.of(spec, int(record.get("n_layers") or 1)).layer_budgets(0))
+    at = k + spec.buffer + 1
     if record.get("mode") == "reprefill":
         ends = [e for e in record.get("append_ends") or [] if e > k]
         if ends:
