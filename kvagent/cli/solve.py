@@ -60,21 +60,16 @@ def check_image(spec: dict[str, Any]) -> None:
 def check_before_sandbox(
     engine: Any, cache_config: Any, agent_config: Any, issue_text: str = "", workdir: str = "/testbed"
 ) -> None:
-    """Fail on a bad budget for this model, on a protected prompt the budget cannot hold, and on a
-    first prompt longer than --context-limit, before a sandbox is opened. The first prompt is counted
-    as `kvagent eval` counts it (`first_prompt_tokens`), in a sandbox whose repository is at `workdir`."""
+    """Fail on a bad budget for this model, on a first prompt that reaches --context-limit, and on a
+    protected prompt the budget cannot hold (`check_run`), before a sandbox is opened. The first
+    prompt is counted as `kvagent eval` counts it (`first_prompt_tokens`), in a sandbox whose
+    repository is at `workdir`."""
     from kvagent.agent.solve import first_prompt_tokens
     from kvagent.runtime.budget import check_run
 
     check_run(engine, cache_config)
     length = first_prompt_tokens(engine.tokenizer, issue_text, agent_config, workdir)
-    limit = agent_config.context_limit
-    if length >= limit:
-        raise KvagentError(
-            f"context-limit: {limit} tokens, but the first prompt is {length} tokens; use --context-limit "
-            f"above {length}"
-        )
-    problem = check_run(engine, cache_config, length)
+    problem = check_run(engine, cache_config, length, context_limit=agent_config.context_limit)
     if problem:
         raise ConfigError(problem)
 

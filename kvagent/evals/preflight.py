@@ -48,12 +48,15 @@ def check_grid(
         for iid in dict.fromkeys(r.instance_id for r in runs)
     }
     iid, longest = max(lengths.items(), key=lambda kv: kv[1])
-    if longest >= agent_config.context_limit:
-        raise ConfigError(
-            f"context-limit: {agent_config.context_limit} tokens, but the first prompt of {iid} is {longest} "
-            f"tokens; use --context-limit above {longest}"
-        )
     for spec in specs:
-        problem = check_run(engine, spec.cache_config(), longest, option="--budgets")
+        # The context limit, the same for every spec, raises at the first, before any budget's fit.
+        problem = check_run(
+            engine,
+            spec.cache_config(),
+            longest,
+            option="--budgets",
+            context_limit=agent_config.context_limit,
+            prompt_name=f"the first prompt of {iid}",
+        )
         if problem:
             raise ConfigError(f"{spec.label} on {iid} (longest first prompt): {problem}")

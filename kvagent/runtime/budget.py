@@ -76,16 +76,29 @@ def prompt_fit_problem(
 
 
 def check_run(
-    engine: Any, config: CacheConfig, prompt_length: int | None = None, option: str = "--budget"
+    engine: Any,
+    config: CacheConfig,
+    prompt_length: int | None = None,
+    option: str = "--budget",
+    *,
+    context_limit: int | None = None,
+    prompt_name: str = "the first prompt",
 ) -> str | None:
     """The one check a command makes before anything slow (a sandbox, a grid, a benchmark): raises
     the ConfigError of settings this model cannot run at all (the session's own checks: the policy's
-    options, the budget against the model's context and the policy's block), and returns why a
-    first prompt of `prompt_length` tokens leaves the Schedule's first round nothing to evict (None
-    if it does not, or with no length). `option`: the flag the advice names (eval's is --budgets)."""
+    options, the budget against the model's context and the policy's block) and of a first prompt of
+    `prompt_length` tokens that already reaches the agent's `context_limit` (`prompt_name`: what the
+    error calls that prompt), and returns why that prompt leaves the Schedule's first round nothing to
+    evict (None if it does not, or with no length). `option`: the flag the advice names (eval's is
+    --budgets)."""
     engine.session(config)  # dropped at once, and its pool slot with it
     if prompt_length is None:
         return None
+    if context_limit is not None and prompt_length >= context_limit:
+        raise ConfigError(
+            f"context-limit: {context_limit} tokens, but {prompt_name} is {prompt_length} tokens; use "
+            f"--context-limit above {prompt_length}"
+        )
     # A test double engine has no layers to count.
     return prompt_fit_problem(config, prompt_length, getattr(engine, "n_layers", 1), option=option)
 

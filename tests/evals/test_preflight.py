@@ -116,6 +116,17 @@ def test_one_check_raises_what_the_model_cannot_run_and_returns_what_the_prompt_
     )
 
 
+def test_the_one_check_holds_the_context_limit_before_the_budget(tiny_engine):
+    """solve and eval ask check_run for the context limit: a prompt that reaches it raises, before a
+    budget it does not fit is returned; one token short of it, only that budget problem remains."""
+    config = CacheConfig(policy="random", budget=32, buffer=16)
+    named = "the first prompt of i"
+    with pytest.raises(ConfigError, match=f"^context-limit: 40 tokens, but {named} is 40 tokens; use"):
+        check_run(tiny_engine, config, 40, context_limit=40, prompt_name=named)
+    assert check_run(tiny_engine, config, 40, context_limit=41) == check_run(tiny_engine, config, 40)
+    assert check_run(tiny_engine, config, 16, context_limit=17) is None
+
+
 def test_fraction_and_sink_budgets_are_checked():
     assert prompt_fit_problem(CacheConfig(policy="random", budget=0.5), 1656) is not None
     assert prompt_fit_problem(CacheConfig(policy="random", budget=4, protect="sink"), 1656) is not None
