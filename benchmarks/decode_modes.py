@@ -3,10 +3,12 @@ forward), `static` (the static step run op by op) and `compiled` (the static ste
 torch.compile), each on its own copy of the model, blocks of steps alternating between them so
 load from other jobs hits all alike. Reports each mode's median step time, the ratio to eager
 (the median of the block-set ratios), the compile time and the break-even: how many decode tokens
-the compiled step must run before its compile time is paid back.
+the compiled step must run before its compile time is paid back. `parts` is the static step with
+only RMSNorm, RoPE and the gated activation compiled (`Decoder.compile_parts`, as the CUDA graph
+mode has them).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decode_modes.py [--model smollm2] [--blocks 12]
-        [--batched 8] [--dtype bfloat16] [--modes eager,static,compiled]
+        [--batched 8] [--dtype bfloat16] [--modes eager,static,parts,compiled]
 
 Solo (default): one session per mode (random, K = 256, r = 32, sink; rounds fire inside the
 blocks), the calling thread's CPU time. `--batched N`: each mode a batching engine with N sessions
@@ -61,8 +63,10 @@ def main() -> None:
     for mode in modes:
         engine = Engine.load(
             copy.deepcopy(loaded.model), tokenizer=loaded.tokenizer, device="cpu", dtype=args.dtype,
-            max_batch=n, decode_step=mode,
+            max_batch=n, decode_step="static" if mode == "parts" else mode,
         )  # fmt: skip
+        if mode == "parts":
+            engine.step_runner.decoder.compile_parts()
         sessions = []
         for i in range(n):
             s = engine.session(CacheConfig(policy="random", budget=256, buffer=32, protect="sink", seed=i))
@@ -70,8 +74,8 @@ def main() -> None:
             sessions.append(s)
         t0 = time.perf_counter()
         block_times(sessions, [t[: args.steps] for t in toks], args.steps)  # warm-up (and compile)
-        if mode == "compiled":
-            compile_s = time.perf_counter() - t0
+        if mode in ("compiled", "parts"):
+            compile_s = {**(compile_s or {}), mode: time.perf_counter() - t0}
         per_mode[mode] = (engine, sessions)
     times = {m: ([], []) for m in modes}
     for b in range(1, args.blocks + 1):
@@ -96,11 +100,15 @@ def main() -> None:
                 else float("nan")
             )
             print(f"{mode:<16}{med:>10.2f}{ratio:>10.3f}")
-    if compile_s is not None and "eager" in times:
-        saved = statistics.median(times["eager"][1]) - statistics.median(times["compiled"][1])
-        steps = compile_s / (saved / 1000) if saved > 0 else float("inf")
+    for mode, seconds in (compile_s or {}).items():
+        base = "static" if mode == "parts" and "static" in times else "eager"
+        if base not in times:
+            continue
+        saved = statistics.median(times[base][1]) - statistics.median(times[mode][1])
+        steps = seconds / (saved / 1000) if saved > 0 else float("inf")
         print(
-            f"compile + first block: {compile_s:.1f} s; break-even after {steps:,.0f} decode steps ({n} a step)"
+            f"{mode}: compile + first block {seconds:.1f} s; break-even against {base} after "
+            f"{steps:,.0f} decode steps ({n} a step)"
         )
     for engine, _ in per_mode.values():
         engine.close()
