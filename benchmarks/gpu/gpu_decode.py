@@ -129,9 +129,9 @@ def sweep(engine, policy: str, plan: dict, clock, part: str, skipped: list, dept
     if engine.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(engine.device)
     todo = [("decode", n) for n in plan["lengths"]]
-    # The first round is due at K + r + recent (recent = r under the recent-buffer framework, 0
+    # The first round is due at K + r + the recent buffer (r under the recent-buffer framework, 0
     # under topk-all); later ones every r tokens.
-    first = k + r + runner.session.config.recent
+    first = k + r + runner.session.config.recent_buffer
     if policy != "full" and plan.get("round_window"):
         start = first + r - 1  # prefill runs one round (warm-up), then sits one short of the next
         todo.append(("round", start))

@@ -86,7 +86,7 @@ class CacheConfig:
             raise ConfigError(f"framework: got {self.framework!r}; choose one of {', '.join(FRAMEWORKS)}")
         if self.cadence not in CADENCES:
             raise ConfigError(f"cadence: got {self.cadence!r}; choose one of {', '.join(CADENCES)}")
-        if self.recent and self.evicts:
+        if self.recent_buffer and self.evicts:
             problem = buffer_fit_problem(self)
             if problem:
                 raise ConfigError(problem)
@@ -107,8 +107,9 @@ class CacheConfig:
         return self.evicts and self.head_budget == "adaptive"
 
     @property
-    def recent(self) -> int:
-        """Entries of a layer that a round keeps unscored, the newest: r under recent-buffer, else 0."""
+    def recent_buffer(self) -> int:
+        """The recent buffer's size: a layer's newest entries, which a round keeps unscored (r under
+        recent-buffer, else 0). Not the policies' own recency knobs (h2o's `recent`, ...)."""
         return self.buffer if self.framework == "recent-buffer" else 0
 
     def to_dict(self) -> dict[str, Any]:

@@ -209,7 +209,7 @@ class Evictor:
             budget=budget,
             n_protected=self._n_protected(logical_length, prompt_length),
             block=self.policy.block,
-            recent=self.config.recent,
+            recent_buffer=self.config.recent_buffer,
             generator=round_generator(self.config.seed, li, logical_length),
             state=self.state[li],
             pending=self.cache.take_pending(li) if pending else (None, None),

@@ -40,21 +40,21 @@ def check_adaptive(policy: BasePolicy, name: str) -> str | None:
 def select_adaptive(policy: BasePolicy, view: LayerView, alpha: float = ALPHA_SAFEGUARD) -> torch.Tensor:
     """(B, H_kv, M) index of the entries to keep, M = the most one head keeps; a head keeping
     fewer starts with -1 (PAD). The layer keeps K x H_kv entries in all (fewer if it holds fewer),
-    plus every head's recent buffer (view.recent newest entries, outside K)."""
+    plus every head's recent buffer (its view.recent_buffer newest entries, outside K)."""
     b, h, n = view.positions.shape
     big = torch.finfo(torch.float32).max
     real = view.positions >= 0
-    recent = view.recent_mask
+    buffered = view.recent_buffer_mask
     scores = policy.scores(view).to(torch.float32).expand(b, h, n).clamp(-big, big)
     k = view.budget
     n_safe = min(int(k * alpha), n)
     if n_safe > 0:
         # The safeguard: each head's own top floor(alpha * K) entries compete no further (among
         # its candidates: the recent buffer is kept anyway).
-        top = scores.masked_fill(~real | recent, float("-inf")).topk(n_safe, dim=-1).indices
+        top = scores.masked_fill(~real | buffered, float("-inf")).topk(n_safe, dim=-1).indices
         scores = scores.scatter(-1, top, big)
-    scores = scores.masked_fill(view.protected | recent, float("inf")).masked_fill(~real, float("-inf"))
-    total = min((k + view.recent) * h, int(real[0].sum().item()))
+    scores = scores.masked_fill(view.protected | buffered, float("inf")).masked_fill(~real, float("-inf"))
+    total = min((k + view.recent_buffer) * h, int(real[0].sum().item()))
     flat = scores.reshape(b, h * n).topk(total, dim=-1).indices
     keep = torch.zeros((b, h * n), dtype=torch.bool, device=scores.device)
     keep.scatter_(-1, flat, True)

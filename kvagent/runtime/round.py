@@ -22,12 +22,12 @@ def round_generator(seed: int, layer_idx: int, logical_length: int) -> torch.Gen
     return g
 
 
-def block_partition(n: int, n_protected: int, block: int, device, recent: int = 0) -> torch.Tensor:
-    """(N,) block id per entry, -1 for protected entries and for the `recent` newest (the recent
-    buffer, never a candidate). Blocks are aligned to the newest candidate so the most recent
-    block is whole; the oldest candidate block may be short."""
+def block_partition(n: int, n_protected: int, block: int, device, recent_buffer: int = 0) -> torch.Tensor:
+    """(N,) block id per entry, -1 for protected entries and for the `recent_buffer` newest (never
+    candidates). Blocks are aligned to the newest candidate so the most recent block is whole; the
+    oldest candidate block may be short."""
     ids = torch.full((n,), -1, dtype=torch.long, device=device)
-    m = n - n_protected - recent
+    m = n - n_protected - recent_buffer
     if m <= 0:
         return ids
     n_blocks = -(-m // block)
@@ -58,7 +58,7 @@ def build_view(
     generator: torch.Generator,
     state: dict,
     pending: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
-    recent: int = 0,
+    recent_buffer: int = 0,
 ) -> LayerView:
     keys, values, positions = layer.live()
     n = keys.shape[-2]
@@ -66,10 +66,11 @@ def build_view(
     # forgotten one is gone, and a ragged head starts with PAD entries (position -1).
     protected = (positions >= 0) & (positions < n_protected)
     pad_state(state, n)
-    recent = min(recent, n)
+    recent_buffer = min(recent_buffer, n)
     if block > 1:  # protected entries are the oldest, so the partition counts them from the front
         n_protected = int(protected[0, 0].sum().item())
-        recent = min(recent, n - n_protected)  # an entry both protected and recent counts once
+        # an entry both protected and in the recent buffer counts once
+        recent_buffer = min(recent_buffer, n - n_protected)
     li = layer.layer_idx
     return LayerView(
         keys=keys,
@@ -84,8 +85,8 @@ def build_view(
         generator=generator,
         budget=budget,
         protected=protected,
-        recent=recent,
-        block_ids=block_partition(n, n_protected, block, keys.device, recent) if block > 1 else None,
+        recent_buffer=recent_buffer,
+        block_ids=block_partition(n, n_protected, block, keys.device, recent_buffer) if block > 1 else None,
         pending_queries=pending[0],
         pending_positions=pending[1],
         state=state,
@@ -103,13 +104,13 @@ def select(policy: BasePolicy, view: LayerView) -> torch.Tensor:
     # could lose a tie when forced + protected exceed K.
     big = torch.finfo(torch.float32).max
     scores = scores.clamp(max=big).masked_fill(view.protected, float("inf"))
-    if view.recent:  # kept outside K, like protection: a policy's score never reaches them
-        scores = scores.masked_fill(view.recent_mask, float("inf"))
+    if view.recent_buffer:  # kept outside K, like protection: a policy's score never reaches them
+        scores = scores.masked_fill(view.recent_buffer_mask, float("inf"))
     if view.block_ids is None:
         # PAD entries (cache.py) lose to every real entry, even one the policy scored -inf; a
         # head holding fewer than K real entries keeps some PADs (they stay at its front).
         scores = scores.clamp(min=-big).masked_fill(view.positions < 0, float("-inf"))
-        k = min(view.budget + view.recent, n)
+        k = min(view.budget + view.recent_buffer, n)
         idx = scores.topk(k, dim=-1, sorted=False).indices
         return idx.sort(dim=-1).values
     return _select_blocks(scores, view)
@@ -133,7 +134,8 @@ def _select_blocks(scores: torch.Tensor, view: LayerView) -> torch.Tensor:
         forced = forced.scatter_reduce_(2, bid.expand(b, h, -1), src, "amax") > 0
         sums.index_add_(2, bid, torch.nan_to_num(cand_scores, posinf=0.0, neginf=-1e30))
         block_score = (sums / sizes).masked_fill(forced, float("inf"))
-        slots = view.budget + view.recent - int(fixed.sum().item())  # the recent buffer is outside K
+        # the recent buffer is outside K
+        slots = view.budget + view.recent_buffer - int(fixed.sum().item())
         order = block_score.argsort(dim=-1, descending=True)
         fits = sizes[order].cumsum(-1) <= slots
         chosen = torch.zeros((b, h, n_blocks), dtype=torch.bool, device=scores.device)

@@ -5,9 +5,9 @@ the demo's, through `budget.check_run`; a served request's at its session's firs
 Built from a CacheConfig, the policy and the model's layer count, it owns:
 - each layer's K (`layer_budgets`): the policy's split of the budget, where a fractional budget is
   that fraction of the logical length (`tokens`, the one place that rule lives);
-- the trigger: a layer's round runs when it holds K + r + recent entries (K + 2r under
-  recent-buffer, K + r under topk-all) and leaves K + recent; under cadence "shared" every layer
-  holding more than that cuts too once one is due (`due`);
+- the trigger: a layer's round runs when it holds K + the recent buffer + r entries (K + 2r
+  under recent-buffer, K + r under topk-all) and leaves K + the recent buffer; under cadence
+  "shared" every layer holding more than that cuts too once one is due (`due`);
 - the room left before a round (`room`), and when the first round comes (`first_round`)."""
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ class Schedule:
 
     # ----------------------------------------------------------------- the trigger
     @property
-    def kept(self) -> int:
+    def recent_buffer(self) -> int:
         """What a round leaves beyond K: the recent buffer (r under recent-buffer, else 0)."""
-        return self.config.recent
+        return self.config.recent_buffer
 
     @property
     def headroom(self) -> int:
@@ -68,7 +68,7 @@ class Schedule:
     def trigger(self, k: int) -> int:
         """The most entries a layer of this K holds: its round runs when it holds this many (K + 2r
         under recent-buffer, K + r under topk-all), and a layer's buffers are sized to it."""
-        return k + self.kept + self.headroom
+        return k + self.recent_buffer + self.headroom
 
     def capacities(self) -> tuple[int, ...] | None:
         """Each layer's most entries (its trigger) when fixed for the session's life (an evicting
@@ -100,8 +100,10 @@ class Schedule:
         once one is due, every layer holding more than a round leaves, so all stay in one phase."""
         budgets = self.layer_budgets(logical_length)
         r = 0 if to_budget else self.headroom
-        over = [li for li, (k, n) in enumerate(zip(budgets, loads, strict=True)) if n > k + self.kept]
-        due = [li for li in over if loads[li] >= budgets[li] + self.kept + r]
+        over = [
+            li for li, (k, n) in enumerate(zip(budgets, loads, strict=True)) if n > k + self.recent_buffer
+        ]
+        due = [li for li in over if loads[li] >= budgets[li] + self.recent_buffer + r]
         if due and self.config.cadence == "shared":
             return over
         return due
@@ -111,11 +113,11 @@ class Schedule:
         """The logical length at which `layer` first evicts, where it can be known before the
         episode (None: no round, or one whose timing depends on the episode)."""
         c = self.config
-        b, recent = c.budget, self.kept
+        b, recent_buffer = c.budget, self.recent_buffer
         if c.mode == "reprefill":
             # Every append rebuilds the cache and cuts it to K (+ the recent buffer) at once.
             k = self.layer_budgets(prompt_length)[layer]
-            if prompt_length > k + recent:
+            if prompt_length > k + recent_buffer:
                 return prompt_length
             if not isinstance(b, int):
                 return None
@@ -123,13 +125,17 @@ class Schedule:
         if isinstance(b, int):
             ks = self.layer_budgets(0)
             # shared: the first layer's trigger, or later if this layer does not yet hold more than K + r
-            return max(self.trigger(min(ks)), ks[layer] + recent + 1) if shared else self.trigger(ks[layer])
+            return (
+                max(self.trigger(min(ks)), ks[layer] + recent_buffer + 1)
+                if shared
+                else self.trigger(ks[layer])
+            )
 
         # A fraction: the first length that reaches K(L) + r (+ r), by bisection (L - K(L) grows with L).
         def due(n: int) -> bool:
             ks = self.layer_budgets(n)
             if shared:
-                return n > ks[layer] + recent and n >= self.trigger(min(ks))
+                return n > ks[layer] + recent_buffer and n >= self.trigger(min(ks))
             return n >= self.trigger(ks[layer])
 
         if not due(_SEARCH_LIMIT):

@@ -62,7 +62,7 @@ def run_checked(engine, env, cfg, steps=3, new_tokens=32):
     assert engine.tokenizer.decode(session.history) == ChatMLRenderer.transcript(result.messages)
     assert result.logical_length == session.logical_length == len(session.history)
     assert [t.step for t in result.turns] == list(range(1, result.steps + 1))
-    bound = cfg.budget + cfg.buffer + cfg.recent
+    bound = cfg.budget + cfg.buffer + cfg.recent_buffer
     for turn in result.turns:
         assert turn.cache is not None and turn.cache["logical_length"] == turn.logical_length
         assert 1 <= turn.reply_tokens <= new_tokens and turn.observation

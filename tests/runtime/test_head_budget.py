@@ -49,8 +49,8 @@ def row_bytes(engine) -> int:
 def assert_adaptive_rounds(session) -> None:
     """Every round kept K_l x H_kv entries in all (plus every head's recent buffer under the
     recent-buffer framework), and some head kept a different count."""
-    recent = session.config.recent
-    budgets = [k + recent for k in session.evictor.layer_budgets(session.logical_length)]
+    recent_buffer = session.config.recent_buffer
+    budgets = [k + recent_buffer for k in session.evictor.layer_budgets(session.logical_length)]
     h = session.engine.n_kv_heads
     rounds = [r for r in session.audit if not r.forced]
     assert rounds
@@ -95,8 +95,8 @@ def test_adaptive_reprefill_matches_masked_full_attention(tiny_engines, kind, po
         session.step(t)
     obs = torch.randint(0, VOCAB, (60,), generator=g).tolist()
     logits = session.append(obs, all_logits=True)
-    recent = session.config.recent  # each head's recent buffer, kept beside its share of K x H_kv
-    budgets = [k + recent for k in session.evictor.layer_budgets(session.logical_length)]
+    recent_buffer = session.config.recent_buffer  # each head's, kept beside its share of K x H_kv
+    budgets = [k + recent_buffer for k in session.evictor.layer_budgets(session.logical_length)]
     h = engine.n_kv_heads
     for layer, k in zip(session.cache.layers, budgets, strict=True):
         assert sum(layer.counts) == k * h
@@ -119,7 +119,8 @@ def test_uniform_layout_pads_nothing_either(qwen3_engine):
     for s in (uni, ada):
         s.append(list(range(200)))
     assert uni.stats.kv_bytes == ada.stats.kv_bytes
-    assert ada.stats.max_entries > K + ada.config.recent  # some head holds more than K (+ r), others fewer
+    # some head holds more than K (+ the recent buffer), others fewer
+    assert ada.stats.max_entries > K + ada.config.recent_buffer
 
 
 @pytest.mark.parametrize("policy", ["random", "nexus", "streaming", "knorm"])

@@ -34,7 +34,7 @@ def test_full_generate_matches_hf_generate(qwen3_tokenizer):
 def test_chunk_on_compacted_cache_equals_token_by_token(qwen3_engine):
     cfg = CacheConfig(policy="random", budget=32, buffer=64, protect="sink", seed=1)
     a, b = qwen3_engine.session(cfg), qwen3_engine.session(cfg)
-    kept = 32 + cfg.recent  # what a round leaves: K and the recent buffer (recent-buffer framework)
+    kept = 32 + cfg.recent_buffer  # what a round leaves: K and the recent buffer (recent-buffer framework)
     history = rand_ids(kept + 64, 1)  # K + 2r: exactly one round at the end
     a.append(history)
     b.append(history)
@@ -99,7 +99,7 @@ def test_persistent_never_readmits_but_reprefill_does(qwen3_engine):
 def test_kv_bytes_bounded_by_budget_plus_buffer(qwen3_engine, scope):
     k, r = 48, 16
     s = qwen3_engine.session(CacheConfig(policy="random", budget=k, buffer=r, scope=scope, protect="sink"))
-    k += s.config.recent  # the recent buffer (recent-buffer framework) is held beside K: peak K + 2r
+    k += s.config.recent_buffer  # the recent buffer (recent-buffer framework) is held beside K: peak K + 2r
     e = qwen3_engine
     per_entry = e.n_kv_heads * (2 * e.head_dim * 4 + 8)  # keys + values float32, int64 position
     s.append(rand_ids(300, 7))

@@ -1,4 +1,4 @@
-"""Soft forced keeps for token policies (SnapKV's window, H2O's recent entries)."""
+"""Soft forced keeps for token policies (SnapKV's window, H2O's and TriAttention's newest entries)."""
 
 from __future__ import annotations
 
@@ -15,3 +15,13 @@ def rank_first(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     finite = scores.masked_fill(~torch.isfinite(scores), 0.0)
     span = finite.amax(dim=-1, keepdim=True) - finite.amin(dim=-1, keepdim=True)
     return torch.where(mask, scores + span + 1.0, scores)
+
+
+def rank_newest_first(scores: torch.Tensor, n: int) -> torch.Tensor:
+    """`rank_first` of each head's newest `n` entries: a policy's own recency keep (its knob, not
+    the runtime's recent buffer). Positions ascend along N, so they are the last n."""
+    if n <= 0:
+        return scores
+    newest = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    newest[..., -n:] = True
+    return rank_first(scores, newest)

@@ -34,10 +34,10 @@ class LayerView:
     generator: torch.Generator  # seeded per (session seed, layer, round); the only randomness allowed
     budget: int  # K for this layer: entries per head kept after the round (adaptive: on average)
     protected: torch.Tensor  # (B, H_kv, N) bool, kept whatever the score
-    # The recent buffer (framework recent-buffer): the newest `recent` entries of every head are
-    # kept outside K whatever the score, so they are no candidates. 0 under topk-all, where a
+    # The recent buffer (framework recent-buffer): the newest `recent_buffer` entries of every head
+    # are kept outside K whatever the score, so they are no candidates. 0 under topk-all, where a
     # policy's own recency keep (SnapKV's window, H2O's recent share) is on by default instead.
-    recent: int = 0
+    recent_buffer: int = 0
     # Block partition for block policies (block > 1): (N,) block id per entry, -1 for protected
     # entries. Ids ascend with recency (0 = oldest block; the newest block is always whole, the
     # oldest may be short). None for token policies.
@@ -56,19 +56,20 @@ class LayerView:
         return self.keys.shape[-2]
 
     @property
-    def recent_mask(self) -> torch.Tensor:
-        """(B, H_kv, N) bool: each head's `recent` newest real entries (positions ascend along N and
-        a ragged head's PAD entries come first, so they are its last `recent`)."""
+    def recent_buffer_mask(self) -> torch.Tensor:
+        """(B, H_kv, N) bool: each head's `recent_buffer` newest real entries (positions ascend along
+        N and a ragged head's PAD entries come first, so they are its last `recent_buffer`)."""
         pos = self.positions
         mask = torch.zeros(pos.shape, dtype=torch.bool, device=pos.device)
-        if self.recent > 0:
-            mask[..., max(0, pos.shape[-1] - self.recent) :] = True
+        if self.recent_buffer > 0:
+            mask[..., max(0, pos.shape[-1] - self.recent_buffer) :] = True
         return mask & (pos >= 0)
 
     @property
     def candidates(self) -> torch.Tensor:
-        """(B, H_kv, N) bool: the entries a round chooses among (real, not protected, not recent)."""
-        return (self.positions >= 0) & ~self.protected & ~self.recent_mask
+        """(B, H_kv, N) bool: the entries a round chooses among (real, not protected, not in the
+        recent buffer)."""
+        return (self.positions >= 0) & ~self.protected & ~self.recent_buffer_mask
 
 
 @dataclass
@@ -110,11 +111,11 @@ class BasePolicy:
 
 def own_recency(value: Any, legacy: Any, off: Any, view: LayerView) -> Any:
     """A policy's recency knob whose None means "the framework decides": `value` when given, else
-    `off` where the runtime keeps a recent buffer (view.recent > 0, recent-buffer), else `legacy`
-    (the policy's own default, under topk-all)."""
+    `off` where the runtime keeps a recent buffer (view.recent_buffer > 0, recent-buffer), else
+    `legacy` (the policy's own default, under topk-all)."""
     if value is not None:
         return value
-    return off if view.recent > 0 else legacy
+    return off if view.recent_buffer > 0 else legacy
 
 
 _REGISTRY: dict[str, type[BasePolicy]] = {}

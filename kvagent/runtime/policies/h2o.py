@@ -8,7 +8,7 @@ import torch
 
 from kvagent.runtime.policies._args import float_arg, recency_knob
 from kvagent.runtime.policies._attn import group_sum_attention
-from kvagent.runtime.policies._keep import rank_first
+from kvagent.runtime.policies._keep import rank_newest_first
 from kvagent.runtime.policies.base import BasePolicy, LayerView, own_recency, register
 
 
@@ -50,13 +50,7 @@ class H2OPolicy(BasePolicy):
         self.absorb(view)
         s = self._acc(view).clone()
         share = own_recency(self.recent, 0.5, 0.0, view)
-        n_recent = min(int(share * view.budget), s.shape[-1])
-        if n_recent > 0:
-            # Positions ascend along N, so the newest entries of every head are the last ones.
-            recent = torch.zeros(s.shape, dtype=torch.bool, device=s.device)
-            recent[..., -n_recent:] = True
-            s = rank_first(s, recent)
-        return s
+        return rank_newest_first(s, min(int(share * view.budget), s.shape[-1]))
 
     @staticmethod
     def _acc(view: LayerView) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""MorphKV: keep the older entries that the recent tokens' attention profiles point at."""
+"""MorphKV: keep the older entries that the window tokens' attention profiles point at."""
 
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ def fusion_arg(name: str, value: Any) -> str:
     return value
 
 
-def recent_profiles(view: LayerView) -> torch.Tensor:
+def window_profiles(view: LayerView) -> torch.Tensor:
     """(B, H_kv, W, N): each window query's attention profile over the entries older than the
     window, per KV head. The GQA group's logits are summed before the softmax (one profile per
     KV head, as the authors' code fuses a group), and the softmax runs over the older entries
-    only: the recent entries are kept anyway, so the profile says how a recent token spreads its
-    attention over what may be evicted. Rows that see no older entry are all zero."""
+    only: the window's own entries are kept anyway, so the profile says how a window token spreads
+    its attention over what may be evicted. Rows that see no older entry are all zero."""
     b, hkv, n = view.positions.shape
     q, w = view.queries, view.queries.shape[2]
     g, d = view.group_size, q.shape[-1]
@@ -47,9 +47,9 @@ class MorphKVPolicy(BasePolicy):
     """MorphKV (Ghadia, Kumar, Jain, Nair, Das, 2025, "Dialogue Without Limits: Constant-Sized KV
     Caches for Extended Responses in LLMs", arXiv:2503.00979).
 
-    The cache holds the recent window plus the older entries the recent tokens attend to: each of
-    the W window queries gives an attention profile over the older entries (`recent_profiles`),
-    the profiles are fused per entry by `fusion` (max: kept if any recent token attends to it
+    The cache holds the window plus the older entries the window's tokens attend to: each of
+    the W window queries gives an attention profile over the older entries (`window_profiles`),
+    the profiles are fused per entry by `fusion` (max: kept if any window token attends to it
     strongly, the paper's long-response setting; sum: total attention), and with `keep_window`
     the window's own entries rank first (None, the default, leaves it to the framework: on under
     topk-all, off under recent-buffer, whose recent buffer keeps the newest entries). Per KV head. The cache size is the runtime's: K after each round, so it
@@ -66,7 +66,7 @@ class MorphKVPolicy(BasePolicy):
         b, hkv, n = view.positions.shape
         if view.queries.shape[2] == 0:
             return torch.zeros((b, hkv, n), dtype=torch.float32, device=view.keys.device)
-        profiles = recent_profiles(view)
+        profiles = window_profiles(view)
         s = profiles.amax(dim=2) if self.fusion == "max" else profiles.sum(dim=2)
         if own_recency(self.keep_window, True, False, view):
             s = rank_first(s, window_mask(view))

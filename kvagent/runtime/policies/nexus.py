@@ -148,8 +148,8 @@ class NexusPolicy(BasePolicy):
         hit = (pos < self.sink_blocks * self.block).float()
         sink = torch.zeros((b, nb), device=pos.device).index_add_(1, ids[cand], hit) > 0
         # Block ids ascend with age: the last ones are the newest.
-        recent = torch.arange(nb, device=pos.device) >= nb - own_recency(self.recent_blocks, 1, 0, view)
-        return sink | recent
+        newest = torch.arange(nb, device=pos.device) >= nb - own_recency(self.recent_blocks, 1, 0, view)
+        return sink | newest
 
     def scores(self, view: LayerView) -> torch.Tensor:
         b, _, n = view.positions.shape

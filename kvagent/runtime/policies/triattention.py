@@ -20,7 +20,7 @@ from kvagent.runtime.policies._args import (
     optional,
     recency_knob,
 )
-from kvagent.runtime.policies._keep import rank_first
+from kvagent.runtime.policies._keep import rank_newest_first
 from kvagent.runtime.policies.base import BasePolicy, LayerView, own_recency, register
 from kvagent.runtime.policies.knorm import round_relative
 
@@ -161,13 +161,7 @@ class TriAttentionPolicy(BasePolicy):
             var = (((s - mean) * cand) ** 2).sum(dim=-1, keepdim=True) / cnt
             s = (s - mean) / var.sqrt().clamp_min(1e-6)
         s = s.amax(dim=2)
-        n_recent = min(own_recency(self.recent, 128, 0, view), n)
-        if n_recent > 0:
-            # Positions ascend along N, so the newest entries of every head are the last ones.
-            recent = torch.zeros(s.shape, dtype=torch.bool, device=s.device)
-            recent[..., -n_recent:] = True
-            s = rank_first(s, recent)
-        return s
+        return rank_newest_first(s, min(own_recency(self.recent, 128, 0, view), n))
 
     def _frequencies(self, view: LayerView) -> torch.Tensor | None:
         if self.rope_theta is not None:

@@ -42,7 +42,7 @@ def _explicit_profiles(view):
 
 
 @pytest.mark.parametrize("fusion", ["max", "sum"])
-def test_morphkv_fuses_the_recent_profiles(rand_view, fusion):
+def test_morphkv_fuses_the_window_profiles(rand_view, fusion):
     view = rand_view(b=2, hkv=2, group=3, n=30, w=5, seed=4)
     got = make_policy("morphkv", fusion=fusion).scores(view)
     prof = _explicit_profiles(view)

@@ -38,8 +38,8 @@ def test_layers_keep_the_papers_counts(six_layer_engine, keep):
     s.append(ids)
     kept = s.kept_positions()
     # Each layer keeps its K_l plus the recent buffer (framework recent-buffer), outside the schedule.
-    counts = [int(p.shape[-1]) - cfg.recent for p in kept]
-    assert cfg.recent == cfg.buffer and s.stats.rounds == 1
+    counts = [int(p.shape[-1]) - cfg.recent_buffer for p in kept]
+    assert cfg.recent_buffer == cfg.buffer and s.stats.rounds == 1
     assert all(abs(c - paper_share(k, i)) < 1 for i, c in enumerate(counts)), counts
     assert sum(counts) == k * N_LAYERS
     assert counts == sorted(counts, reverse=True) and counts[0] > 2 * counts[-1]

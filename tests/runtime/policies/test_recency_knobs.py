@@ -23,8 +23,8 @@ RECENCY_KNOBS = [
 
 @pytest.mark.parametrize("policy, knob, legacy, off", RECENCY_KNOBS)
 def test_recency_knobs_are_the_frameworks_unless_given(rand_view, policy, knob, legacy, off):
-    """Left out, a policy's own recency keep is on under topk-all (view.recent == 0) and off under
-    recent-buffer (view.recent > 0: the runtime keeps the newest entries for every policy); given,
+    """Left out, a policy's own recency keep is on under topk-all (view.recent_buffer == 0) and off under
+    recent-buffer (view.recent_buffer > 0: the runtime keeps the newest entries for every policy); given,
     it holds in both."""
     extra = (
         {"block": 4} if policy == "nexus" else {"rope_theta": 10_000.0} if policy == "triattention" else {}
@@ -32,13 +32,13 @@ def test_recency_knobs_are_the_frameworks_unless_given(rand_view, policy, knob, 
 
     def scores(buffer: int, **knobs):
         view = rand_view(n=48, w=4, budget=24, seed=1)
-        view.recent = buffer
+        view.recent_buffer = buffer
         if policy == "nexus":
             view.block_ids = block_partition(48, 0, 4, "cpu", buffer)
         return make_policy(policy, **extra, **knobs).scores(view)
 
     assert getattr(make_policy(policy, **extra), knob) is None
-    for recent in (0, 8):
-        decided, other = (legacy, off) if recent == 0 else (off, legacy)
-        torch.testing.assert_close(scores(recent), scores(recent, **{knob: decided}))
-        assert not torch.equal(scores(recent), scores(recent, **{knob: other}))  # a given value holds
+    for buffer in (0, 8):
+        decided, other = (legacy, off) if buffer == 0 else (off, legacy)
+        torch.testing.assert_close(scores(buffer), scores(buffer, **{knob: decided}))
+        assert not torch.equal(scores(buffer), scores(buffer, **{knob: other}))  # a given value holds
