@@ -118,7 +118,7 @@ SCRIPT = textwrap.dedent(
     config.CacheConfig = WithSinkTokens  # as if it were declared in CacheConfig itself
 
     from kvagent.agent.config import AgentConfig
-    from kvagent.bench.tables import fidelity_rows
+    from kvagent.bench.fidelity.tables import fidelity_rows
     from kvagent.evals.datasets import Instance
     from kvagent.evals.runner import EvalRun, EvalRunner, load_records
     from kvagent.evals.stats import summarize

@@ -2,9 +2,9 @@
 times, and replaying every episode's reference again at each restart costs as much as a policy run
 (each is one full replay). A reference is a pure function of the model, its device and dtype and the
 token stream, so the file name is those (plus the top-k kept); a changed stream gets a new file.
-Several processes on one out dir (shared_results.py) share the references too: each is replayed by
-whichever process locks it first, the others take free ones and then wait for the held ones'
-files; a holder that dies releases its lock, and the waiter replays."""
+Several processes on one out dir (fidelity/shared_results.py) share the references too: each is
+replayed by whichever process locks it first, the others take free ones and then wait for the held
+ones' files; a holder that dies releases its lock, and the waiter replays."""
 
 from __future__ import annotations
 

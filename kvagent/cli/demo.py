@@ -104,7 +104,7 @@ def _print_table(records: list[dict], title: str, n_layers: int) -> None:
     from rich.table import Table
 
     from kvagent.bench.demo_plot import probe_shown
-    from kvagent.bench.tables import fidelity_rows
+    from kvagent.bench.fidelity.tables import fidelity_rows
 
     probe = probe_shown(records)
     cols = ["policy", "mode", "K", "mean KL", "top-1 agree", "log p(true)"]

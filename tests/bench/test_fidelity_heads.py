@@ -8,8 +8,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from kvagent.bench.fidelity import make_grid, record_key
-from kvagent.bench.tables import fidelity_markdown, fidelity_rows
+from kvagent.bench.fidelity.run import make_grid, record_key
+from kvagent.bench.fidelity.tables import fidelity_markdown, fidelity_rows
 from kvagent.cli import app
 from kvagent.errors import ConfigError
 
@@ -85,7 +85,7 @@ def test_each_record_names_the_schedule_its_policy_ran(tiny_engine, episode_reco
     # split (no field: "uniform") can never be resumed as today's run.
     from kvagent.bench import replay as rp
     from kvagent.bench.episodes import from_messages
-    from kvagent.bench.fidelity import summarise
+    from kvagent.bench.fidelity.run import summarise
     from kvagent.bench.stream import build_stream
     from kvagent.runspec import RunSpec
 

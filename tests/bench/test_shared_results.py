@@ -12,7 +12,7 @@ import pytest
 from kvagent.bench import fidelity
 from kvagent.bench import replay as rp
 from kvagent.bench.episodes import from_messages
-from kvagent.bench.shared_results import SharedResults
+from kvagent.bench.fidelity.shared_results import SharedResults
 from kvagent.bench.stream import build_stream
 from kvagent.runspec import RunSpec
 

@@ -29,7 +29,7 @@ def _path_without(tmp_path: Path, *names: str) -> str:
 
 
 def test_demo_completes_and_writes_its_table_where_bubblewrap_is_missing(tmp_path, monkeypatch, capsys):
-    from kvagent.bench.tables import row_name
+    from kvagent.bench.fidelity.tables import row_name
     from kvagent.cli.demo import run_demo
     from kvagent.runspec import RunSpec
 

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvagent.bench.shared_results import SharedResults
+from kvagent.bench.fidelity.shared_results import SharedResults
 from kvagent.evals.distributed import RUN_TMP_PREFIX, sweep_stale_run_dirs
 from kvagent.sandbox.owner import Owner, process_start, still_running
 

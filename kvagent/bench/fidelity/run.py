@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kvagent.bench import replay as rp
+from kvagent.bench.fidelity.shared_results import SharedResults, read_records
+from kvagent.bench.fidelity.tables import fidelity_markdown
 from kvagent.bench.progress import NoProgress
 from kvagent.bench.reference_cache import fill_references
-from kvagent.bench.shared_results import SharedResults, read_records
 from kvagent.bench.stream import Stream
-from kvagent.bench.tables import fidelity_markdown
 from kvagent.errors import ConfigError
 from kvagent.fileio import atomic_write_text
 from kvagent.runspec import DEFAULTS, RunSpec, sweep
@@ -257,7 +257,7 @@ def run_fidelity(
     current = [r for r in records if (r["episode"], r["digest"]) in wanted and r["model"] == model_name]
     atomic_write_text(out / "fidelity.md", fidelity_markdown(current, skipped))
     if plot:
-        from kvagent.bench.plots import plot_fidelity
+        from kvagent.bench.fidelity.plots import plot_fidelity
 
         plot_fidelity(current, out / "fidelity.png")
     return current

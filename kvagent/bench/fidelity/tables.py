@@ -1,4 +1,4 @@
-"""Markdown tables of benchmark records (one row per setting, averaged over episodes)."""
+"""Markdown tables of fidelity records (one row per setting, averaged over episodes)."""
 
 from __future__ import annotations
 
