@@ -138,13 +138,15 @@ def _rounds_caption(records: list[dict], n_layers: int) -> str:
     """Why the block policy's round count differs: a round is every layer that is due at once."""
     from kvagent.bench.demo_plot import band_text
     from kvagent.bench.demo_series import memory_band
-    from kvagent.runtime.policies import make_policy
+    from kvagent.runspec import RunSpec
+    from kvagent.runtime.config import build_policy
 
     due = next(
         (band_text(r["budget"], r["buffer"], b[1]) for r in records if (b := memory_band(r))), "its cap"
     )
     text = f"rounds: eviction events; each evicts every layer that has reached {due} at that moment."
-    blocks = sorted({(r["policy"], make_policy(r["policy"], **(r.get("policy_args") or {})).block)
+    # The policy as the run built it (build_policy: its args and the run's window), for its block.
+    blocks = sorted({(r["policy"], build_policy(RunSpec.from_record(r).cache_config()).block)
                      for r in records if r["policy"] != "full"})  # fmt: skip
     for name, block in blocks:
         if block > 1:
