@@ -135,9 +135,19 @@ def step_rows(engine, policy: str, plan: dict, modes: list[str], clock, report: 
             t0 = time.perf_counter()
             engine.set_decode_step(mode)
             group = sessions[:n]
-            together(engine, group, plan["warm"])  # capture / first use outside the timing
-            rounds0 = round_seconds(group)
-            wall = together(engine, group, plan["steps"])
+            try:
+                together(engine, group, plan["warm"])  # capture / first use outside the timing
+                rounds0 = round_seconds(group)
+                wall = together(engine, group, plan["steps"])
+            except torch.OutOfMemoryError:
+                raise  # the caller records it and frees the cache
+            except Exception as e:  # a mode that fails (first capture on a new card) must not end the run
+                report["skipped"].append(
+                    f"{policy} N={n} {mode}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                )
+                clock.tick("steps", time.perf_counter() - t0)
+                save()
+                continue
             rounds = round_seconds(group) - rounds0
             tok_s = n * plan["steps"] / wall
             if n == plan["ns"][0]:
