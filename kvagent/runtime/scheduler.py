@@ -108,30 +108,12 @@ class Scheduler:
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            batch = self._pick()
-            taken = {id(item) for item in batch}
-            self._pending = [item for item in self._pending if id(item) not in taken]
+            chosen = pick([len(c.ids) for _, c, _ in self._pending], self.max_batch, self.max_tokens,
+                          self.prefill_budget)  # fmt: skip
+            batch = [self._pending[i] for i in chosen]
+            taken = set(chosen)
+            self._pending = [item for i, item in enumerate(self._pending) if i not in taken]
             return batch
-
-    def _pick(self) -> list[tuple[float, Chunk, threading.Event]]:
-        """The next forward's chunks, oldest first: up to `max_batch` chunks and `max_tokens`
-        tokens; with a decode token among the pending, prefill tokens only up to the budget."""
-        budget = self.prefill_budget
-        if budget is not None and not any(len(c.ids) == 1 for _, c, _ in self._pending):
-            budget = None  # nothing decodes: prefill as fast as the token cap allows
-        batch, tokens, prefill = [], 0, 0
-        for item in self._pending:
-            if len(batch) == self.max_batch:
-                break
-            q = len(item[1].ids)
-            if batch and tokens + q > self.max_tokens:
-                continue  # a later, shorter chunk (a decode token) may still fit
-            if q > 1 and budget is not None and prefill and prefill + q > budget:
-                continue
-            batch.append(item)
-            tokens += q
-            prefill += q if q > 1 else 0
-        return batch
 
     def _expected(self, window: float) -> int:
         """Sessions likely to post soon: inside a call, or out of one for less than `window`."""
@@ -156,6 +138,25 @@ class Scheduler:
             self.rows += len(chunks)
             for _, _, done in batch:
                 done.set()
+
+
+def pick(sizes: list[int], max_batch: int, max_tokens: int, prefill_budget: int | None) -> list[int]:
+    """Which pending chunks (their token counts, oldest first) the next forward takes, as indices:
+    up to `max_batch` chunks and `max_tokens` tokens, the oldest always; with a decode token among
+    them, prompt tokens only up to `prefill_budget` (at least one prompt chunk)."""
+    budget = prefill_budget if any(q == 1 for q in sizes) else None  # nothing decodes: no budget
+    chosen, tokens, prefill = [], 0, 0
+    for i, q in enumerate(sizes):
+        if len(chosen) == max_batch:
+            break
+        if chosen and tokens + q > max_tokens:
+            continue  # a later, shorter chunk (a decode token) may still fit
+        if q > 1 and budget is not None and prefill and prefill + q > budget:
+            continue
+        chosen.append(i)
+        tokens += q
+        prefill += q if q > 1 else 0
+    return chosen
 
 
 def _slot_order(c: Chunk):
