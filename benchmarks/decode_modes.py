@@ -88,7 +88,7 @@ def main() -> None:
     shape = f"batched N={n}, ms per batch step" if n > 1 else "solo"
     print(
         f"model {args.model} {args.dtype}, {shape}, L={args.length}, {args.blocks} alternating blocks x "
-        f"{args.steps} steps, load {os.getloadavg()[0]:.1f}, CPU: {_cpu()}"
+        f"{args.steps} steps, load {os.getloadavg()[0]:.1f}, CPU: {cpu_name()}"
     )
     for i, clock in enumerate(("cpu", "wall")):
         print(f"{clock + ' ms/step':<16}{'median':>10}{'/ eager':>10}")
@@ -114,7 +114,7 @@ def main() -> None:
         engine.close()
 
 
-def _cpu() -> str:
+def cpu_name() -> str:
     flags = Path("/proc/cpuinfo").read_text() if os.path.exists("/proc/cpuinfo") else ""
     units = [f for f in ("avx512_bf16", "amx_bf16", "avx512f", "avx2") if f in flags]
     model = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if "model name" in line), "?")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ from kvagent.runtime import CacheConfig, Engine
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _threads import run_together  # noqa: E402
+from decode_modes import cpu_name  # noqa: E402
 
 
 def _ids(gen: torch.Generator, n: int, vocab: int) -> list[int]:
@@ -108,7 +108,7 @@ def main() -> None:
             print(name, {k: round(v, 3) for k, v in rows[name][-1].items()}, flush=True)
     summary = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in rows.items()}
     b, n = summary["budget"], summary["none"]
-    print(f"\nCPU {platform.processor() or platform.machine()}, {args.dtype}, {torch.get_num_threads()} threads, "
+    print(f"\nCPU {cpu_name()}, {args.dtype}, {torch.get_num_threads()} threads, "
           f"policy {args.policy}, {args.sessions} sessions, median of {args.rounds} rounds each")  # fmt: skip
     print("| setting | decode tok/s per session | append latency | output tok/s |")
     print("|---|---|---|---|")

@@ -3,12 +3,15 @@
 Each session runs in its caller's thread and does its own bookkeeping and eviction; only the model
 forward is handed over. A calling thread posts a `Chunk` and blocks; the scheduler thread takes
 every pending chunk (up to `max_batch` and a token cap), runs one packed forward (`forward.py`) and
-wakes the callers. With a `prefill_budget`, while decode tokens wait a forward takes at most that
-many prefill tokens beside them (always at least one prefill chunk, so none starves): a burst of
-prompt chunks spreads over several steps (vLLM's chunked-prefill token budget). Off by default: on
-a CPU a forward's cost grows with its tokens alike for prefill and decode rows, so spreading the
-same prompt tokens over more steps only delays the prompts; measured 0.94x the per-session decode
-rate and 0.93x the output rate of no budget (docs/benchmarks.md, benchmarks/prefill_budget.py). To fill a batch it waits until every session that is inside an API call (or
+wakes the callers (`pick` chooses them). With a `prefill_budget`, while decode tokens wait a
+forward takes at most that many prefill tokens beside them (always at least one prefill chunk, so
+none starves): a burst of prompt chunks spreads over several steps (vLLM's chunked-prefill token
+budget). Off by default: on a CPU a forward's cost grows with its tokens alike for prefill and
+decode rows, so spreading the same prompt tokens over more steps only delays the prompts; measured
+0.94x the per-session decode rate and 0.93x the output rate of no budget (docs/benchmarks.md,
+benchmarks/prefill_budget.py).
+
+To fill a batch it waits until every session that is inside an API call (or
 left one within the wait window: a caller looping over `step` is between two calls) has posted,
 but never longer than the wait window after the oldest post: max(`max_wait_s`, a tenth of the
 last forward), so a session busy with an eviction round joins the next forward instead of
