@@ -5,10 +5,12 @@ load from other jobs hits all alike. Reports each mode's median step time, the r
 (the median of the block-set ratios), the compile time and the break-even: how many decode tokens
 the compiled step must run before its compile time is paid back. `parts` is the static step with
 only RMSNorm, RoPE and the gated activation compiled (`Decoder.compile_parts`, as the CUDA graph
-mode has them).
+mode has them). A mode followed by `+plain` (`eager+plain`, `static+plain`) runs with
+`linear="plain"`: torch's F.linear over the plain weights, not oneDNN's packed ones
+(runtime/linear.py); ratios are to the first mode listed.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decode_modes.py [--model smollm2] [--blocks 12]
-        [--batched 8] [--dtype bfloat16] [--modes eager,static,parts,compiled]
+        [--batched 8] [--dtype bfloat16] [--modes eager,static,parts,compiled] [--threads 1]
 
 Solo (default): one session per mode (random, K = 256, r = 32, sink; rounds fire inside the
 blocks), the calling thread's CPU time. `--batched N`: each mode a batching engine with N sessions
@@ -44,9 +46,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16, help="decode steps per timed block")
     ap.add_argument("--blocks", type=int, default=12, help="timed blocks per mode")
     ap.add_argument("--batched", type=int, default=0, help="N > 1: N sessions per mode on a batching engine")
-    ap.add_argument("--modes", default="eager,static,compiled")
+    ap.add_argument("--modes", default="eager,static,compiled", help="the first is the ratios' base")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: the steadiest on a shared machine)"
+    )
     args = ap.parse_args()
-    torch.set_num_threads(1)  # a shared machine: one thread is the steadiest measure
+    torch.set_num_threads(args.threads)
     modes = args.modes.split(",")
     n = max(1, args.batched)
     loaded = Engine.load(args.model, device="cpu", dtype=args.dtype)
@@ -61,9 +66,10 @@ def main() -> None:
     ]
     per_mode, compile_s = {}, None
     for mode in modes:
+        step, _, linear = mode.partition("+")
         engine = Engine.load(
             copy.deepcopy(loaded.model), tokenizer=loaded.tokenizer, device="cpu", dtype=args.dtype,
-            max_batch=n, decode_step="static" if mode == "parts" else mode,
+            max_batch=n, decode_step="static" if step == "parts" else step, linear=linear or "auto",
         )  # fmt: skip
         if mode == "parts":
             engine.step_runner.decoder.compile_parts()
@@ -91,15 +97,11 @@ def main() -> None:
         f"{args.steps} steps, load {os.getloadavg()[0]:.1f}, CPU: {cpu_name()}"
     )
     for i, clock in enumerate(("cpu", "wall")):
-        print(f"{clock + ' ms/step':<16}{'median':>10}{'/ eager':>10}")
+        print(f"{clock + ' ms/step':<16}{'median':>10}{'/ ' + modes[0]:>16}")
         for mode in modes:
             med = statistics.median(times[mode][i])
-            ratio = (
-                statistics.median(a / e for a, e in zip(times[mode][i], times["eager"][i], strict=True))
-                if "eager" in times
-                else float("nan")
-            )
-            print(f"{mode:<16}{med:>10.2f}{ratio:>10.3f}")
+            ratio = statistics.median(a / e for a, e in zip(times[mode][i], times[modes[0]][i], strict=True))
+            print(f"{mode:<16}{med:>10.2f}{ratio:>16.3f}")
     for mode, seconds in (compile_s or {}).items():
         base = "static" if mode == "parts" and "static" in times else "eager"
         if base not in times:

@@ -46,7 +46,7 @@ _ONE_OR_LISTED = ("buffer", "window", "seed", "protect")
 
 def run_fidelity_bench(
     *, model, cache: CacheOptions, episodes, out, max_tokens, quiet, device="auto", dtype="auto", reuse_prefix=True,
-    decode_step="auto",
+    decode_step="auto", linear="auto",
 ) -> list[dict]:  # fmt: skip
     """`cache`: the lists to sweep (policies, modes, budgets, scopes, protect), one buffer, window and
     seed, and each other cache field it takes as a comma list of values (`--head-budget
@@ -88,7 +88,7 @@ def run_fidelity_bench(
                       f"({DEFAULTS[name]} only)")  # fmt: skip
     check_out_dir(out)
     eps = load_episodes(list(episodes), open_env=local_sandbox)
-    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step)
+    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step, linear=linear)
     streams = [build_stream(e, engine.tokenizer, max_tokens=max_tokens) for e in eps]
     _check_context(streams, engine.max_context, model)
     with resume_hint(out), Bars(enabled=not quiet) as bars:
@@ -102,7 +102,7 @@ def run_fidelity_bench(
 
 def run_speed_bench(
     *, model, policies, lengths, budget, buffer, policy_arg, steps, episode, device, dtype, out, quiet,
-    framework="recent-buffer", decode_step="auto",
+    framework="recent-buffer", decode_step="auto", linear="auto",
 ) -> dict:  # fmt: skip
     from kvagent.bench.sources import load_episodes
     from kvagent.bench.speed import run_speed, speed_config
@@ -123,7 +123,7 @@ def run_speed_bench(
     sweep(pols, ["persistent"], [budget], buffer=buffer, framework=framework, policy_args=args)  # fmt: skip
     check_out_dir(out)
     ep = load_episodes([episode], open_env=local_sandbox)[0]
-    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step)
+    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step, linear=linear)
     for p in pols:  # the budget suits each policy (its block) and the model (its context)
         engine.session(speed_config(p, budget, buffer, args.get(p), framework))
     stream = build_stream(ep, engine.tokenizer)
@@ -138,7 +138,7 @@ def run_speed_bench(
 
 def run_study_bench(
     *, claim, model, episodes, out, concurrency, estimate_only, report_only, quiet, device="auto", dtype="auto",
-    reuse_prefix=True, decode_step="auto",
+    reuse_prefix=True, decode_step="auto", linear="auto",
 ) -> dict | None:  # fmt: skip
     """Run (or resume) one claim's pre-registered design: the episodes it chooses, the power
     calculation and the estimated time first; then study.md / episodes.md / .json / PNGs."""
@@ -178,7 +178,7 @@ def run_study_bench(
         eps = load_episodes(list(episodes), open_env=local_sandbox)
         eps = [st.prepare(design, e) for e in eps]
         engine = load_engine(
-            model, device=device, dtype=dtype, max_batch=concurrency, decode_step=decode_step
+            model, device=device, dtype=dtype, max_batch=concurrency, decode_step=decode_step, linear=linear
         )
         try:
             streams = [build_stream(e, engine.tokenizer, max_tokens=design.max_tokens) for e in eps]

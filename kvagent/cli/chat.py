@@ -339,6 +339,7 @@ def run_chat(
     console: Console | None = None,
     session_file: str | None = None,
     decode_step: str = "auto",
+    linear: str = "auto",
 ) -> ChatSession:
     """`kvagent chat`: validate, load the model, copy the repository (default: the current directory)
     into a sandbox, then chat. With `session_file`, a chat saved there continues (its cache config
@@ -356,7 +357,7 @@ def run_chat(
     spec = environments.with_isolation(sandbox_spec(repo, None), isolation)
     console = console or Console()
     console.print(Text(f"loading model {model} ...", style="dim"))
-    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step)
+    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step, linear=linear)
     # The first request is not known yet: its prompt counted without it (the least it can be).
     check_before_sandbox(engine, cfg, config, "", sandbox_workdir(spec["backend"]))
     resume = session_file is not None and Path(session_file).exists()

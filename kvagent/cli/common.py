@@ -78,36 +78,48 @@ def sandbox_workdir(backend: str) -> str:
     return os.path.join(root, "repo")
 
 
-def check_engine(device: str = "auto", decode_step: str = "auto") -> None:
-    """--device and --decode-step on this machine (graph needs CUDA), before the model is read."""
+def check_engine(
+    device: str = "auto", decode_step: str = "auto", linear: str = "auto", dtype: str = "auto"
+) -> None:
+    """--device, --decode-step and --linear on this machine (graph needs CUDA, packed a CPU),
+    before the model is read."""
     import torch
 
-    from kvagent.runtime.engine import resolve_device
+    from kvagent.runtime import linear as packing
+    from kvagent.runtime.engine import resolve_device, resolve_dtype
     from kvagent.runtime.step import resolve_mode
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"device: {device} asked for, but CUDA is not available here; use --device cpu or auto"
         )
-    resolve_mode(decode_step, resolve_device(device))
+    dev = resolve_device(device)
+    packing.resolve(linear, dev, resolve_dtype(dtype, dev), resolve_mode(decode_step, dev))
 
 
 def load_engine(
-    model: str, device: str = "auto", dtype: str = "auto", max_batch: int = 1, decode_step: str = "auto"
+    model: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    max_batch: int = 1,
+    decode_step: str = "auto",
+    linear: str = "auto",
 ) -> Any:
     """The one place a command loads a model (`max_batch` > 1: concurrent sessions share forwards;
-    `decode_step`: runtime/step.py's mode)."""
+    `decode_step`: runtime/step.py's mode; `linear`: runtime/linear.py's)."""
     import os
 
     import torch
 
     from kvagent.runtime import Engine
 
-    check_engine(device, decode_step)
+    check_engine(device, decode_step, linear, dtype)
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         # A shared CPU: more threads than cores only adds contention.
         torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
-    return Engine.load(model, device=device, dtype=dtype, max_batch=max_batch, decode_step=decode_step)
+    return Engine.load(
+        model, device=device, dtype=dtype, max_batch=max_batch, decode_step=decode_step, linear=linear
+    )
 
 
 def cache_config(

@@ -23,6 +23,7 @@ def run_demo(
     device: str = "auto",
     dtype: str = "auto",
     decode_step: str = "auto",
+    linear: str = "auto",
 ) -> list[dict]:
     from kvagent.bench.demo_plot import plot_demo, probe_shown
     from kvagent.bench.demo_series import series
@@ -49,7 +50,7 @@ def run_demo(
     )
     episode = generate_episode(seed=seed, turns=turns, prompt="compact", open_env=_demo_sandbox, fact="port")
     print(f"loading {model} ...", flush=True)
-    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step)
+    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step, linear=linear)
     stream = build_stream(episode, engine.tokenizer)
     for spec in grid:  # the budget suits each policy (its block) and holds the protected prompt
         if check_run(engine, spec.cache_config(), stream.prompt_length):  # the demo has no --protect

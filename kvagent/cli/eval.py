@@ -224,6 +224,7 @@ def run_eval(
     grid: Mapping[str, Any] | None = None,
     sweep: EvalSweep,
     decode_step: str = "auto",
+    linear: str = "auto",
 ) -> dict[str, Any]:
     """`sweep`: what runs (`plan_eval`). `grid`: the command's options as given, recorded as
     OUT/grid.yaml."""
@@ -237,7 +238,7 @@ def run_eval(
         raise KvagentError("eval: --env local needs --repos DIR holding one checkout per instance id")
     environments.check_isolation(isolation)
     environments.check_network(network, env)  # a bad value before the dataset loads
-    check_engine(device, decode_step)
+    check_engine(device, decode_step, linear, dtype)
     plan = plan_eval(sweep, console)
     agent_cfg, selected, runs, run_dir, done, left = (
         plan.agent_config, plan.selected, plan.runs, plan.run_dir, plan.done, plan.left
@@ -260,7 +261,7 @@ def run_eval(
         console.print(f"loading model {model} ...")
         # One engine; with concurrency N its forwards are shared by up to N episodes at once.
         engine = load_engine(
-            model, device=device, dtype=dtype, max_batch=concurrency, decode_step=decode_step
+            model, device=device, dtype=dtype, max_batch=concurrency, decode_step=decode_step, linear=linear
         )
         check_grid(engine, left, by_id, agent_cfg, sandbox_workdir(env))
         if grid is not None:

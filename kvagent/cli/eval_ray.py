@@ -41,6 +41,7 @@ class EngineSetup:
     dtype: str = "auto"
     check: Sequence[EvalRun] = ()  # runs whose settings are checked on the loaded engine
     decode_step: str = "auto"  # checked against the actor's own device as its engine loads
+    linear: str = "auto"
     network: bool = False  # docker episodes on Docker's default network (--network, or the scaffold's)
 
     def __call__(self) -> EvalRunner:
@@ -57,7 +58,7 @@ class EngineSetup:
             grader = environments.docker_grader
         # Ray sets the actor's CUDA_VISIBLE_DEVICES (its GPU) and OMP threads (its CPUs).
         engine = Engine.load(self.model, device=self.device, dtype=self.dtype, max_batch=self.concurrency,
-                             decode_step=self.decode_step)  # fmt: skip
+                             decode_step=self.decode_step, linear=self.linear)  # fmt: skip
         # As `kvagent eval` does, before the first run: budgets against prompts, the model's context.
         check_grid(engine, self.check, self.instances, self.agent_config, sandbox_workdir(self.env))
         return EvalRunner(
@@ -210,6 +211,7 @@ def run_eval_ray(
     console: Console | None = None,
     sweep: EvalSweep,
     decode_step: str = "auto",
+    linear: str = "auto",
     network: str | None = None,  # None: the scaffold's
 ) -> dict[str, Any]:
     """`kvagent eval`'s planning, checks, records and report (kvagent.cli.eval), its episodes on Ray:
@@ -245,7 +247,7 @@ def run_eval_ray(
                 f"Ray: {n} engine(s) of {model} on {gpus or 'no'} GPU(s), {concurrency} episode(s) each"
             )
             setup = EngineSetup(model, by_id, env, repos, grade, agent_cfg, concurrency, device, dtype, left,
-                                decode_step=decode_step, network=network_on)  # fmt: skip
+                                decode_step=decode_step, linear=linear, network=network_on)  # fmt: skip
             needed = [by_id[iid] for iid in dict.fromkeys(r.instance_id for r in left)]
             table = EngineTable(runs, done, min(n, len(left)))
             executor = RayExecutor(setup, run_dir=run_dir, engines=n, concurrency=concurrency,

@@ -79,6 +79,7 @@ def run_serve(
     max_queue: int, max_sessions: int, drain_timeout: float, served_model_name: str | None, device: str,
     dtype: str, log_level: str, swap_space: float | None = None, session_dir: str | None = None,
     decode_step: str = "auto",
+    linear: str = "auto",
 ) -> None:  # fmt: skip
     _check(host, port, max_batch, kv_memory, max_queue, max_sessions, drain_timeout, log_level)
     if swap_space is not None and not swap_space > 0:
@@ -98,7 +99,9 @@ def run_serve(
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
     try:
-        engine = load_engine(model, device=device, dtype=dtype, max_batch=max_batch, decode_step=decode_step)
+        engine = load_engine(
+            model, device=device, dtype=dtype, max_batch=max_batch, decode_step=decode_step, linear=linear
+        )
     except BaseException:
         sock.close()
         raise

@@ -133,6 +133,9 @@ ENGINE: dict[str, Form] = {  # Engine.load argument -> its option
     "decode_step": Form("decode_step", str, "How decode tokens run: auto (graph on CUDA, static on a CPU) | "
                         "eager (the plain forward) | static (fixed buffers, op by op) | compiled "
                         "(torch.compile; pays only after ~3k decode steps) | graph (CUDA graphs; CUDA only)."),
+    "linear": Form("linear", str, "CPU matmuls: auto (oneDNN's prepacked weights for float32 on a CPU, not "
+                   "under --decode-step compiled) | packed (float32 or bfloat16; holds the weights twice) | "
+                   "plain (torch's F.linear)."),
 }  # fmt: skip
 
 # The value a command's `cache` / `agent` parameter is declared with; the decorator fills it in.
@@ -241,18 +244,22 @@ class EngineOptions:
     device: str = "auto"
     dtype: str = "auto"
     decode_step: str = "auto"
+    linear: str = "auto"
     taken: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         import torch
 
+        from kvagent.runtime import linear
         from kvagent.runtime.step import MODES, resolve_mode
 
         if self.decode_step not in MODES:  # the device only matters for a known mode
             resolve_mode(self.decode_step, torch.device("cpu"))
+        if self.linear not in linear.MODES:
+            linear.resolve(self.linear, torch.device("cpu"), torch.float32)
 
     def arguments(self) -> dict[str, Any]:
-        """model, device, dtype, decode_step: as the command bodies and `load_engine` take them."""
+        """model, device, dtype, decode_step, linear: as the command bodies and `load_engine` take them."""
         return {n: getattr(self, n) for n in ENGINE}
 
 
@@ -287,7 +294,7 @@ def agent_options(*names: str, **defaults: Any) -> Callable[[Callable[..., Any]]
 
 
 def engine_options(**defaults: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Give a command the ENGINE options (model, device, dtype, decode step) in place of its `engine:
+    """Give a command the ENGINE options (model, device, dtype, decode step, linear) in place of its `engine:
     EngineOptions` parameter; `defaults`: this command's (its model)."""
     return _takes("engine", EngineOptions, list(ENGINE.values()), defaults)
 

@@ -89,6 +89,7 @@ def run_solve(
     isolation: str = "bwrap",
     network: str | None = None,  # None: the scaffold's
     decode_step: str = "auto",
+    linear: str = "auto",
 ) -> Any:
     from kvagent.agent.solve import solve_episode
     from kvagent.cli import environments
@@ -104,7 +105,7 @@ def run_solve(
     check_image(spec)
     out_dir = check_out_dir(out or f"runs/solve-{time.strftime('%Y%m%d-%H%M%S')}")
     console.print(f"loading model {model} ...")
-    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step)
+    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step, linear=linear)
     check_before_sandbox(engine, cfg, agent_cfg, issue_text, sandbox_workdir(spec["backend"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     trajectory = out_dir / "episode.traj.json"

@@ -14,7 +14,7 @@ The layers are the Llama family's (Llama, Mistral, Qwen2, Qwen3: pre-norm, RoPE,
 MLP; Qwen3's per-head q/k norms), computed as transformers' modules compute them, on the model's
 own parameters. q/k/v and gate/up are fused at load: one matmul each, with the original modules'
 weights rebound to views of the fused ones, so no weight is held twice and the eager path (prefill)
-computes with the same numbers. RMSNorm, RoPE and the gated activation are small functions of
+computes with the same numbers; on a CPU both read oneDNN-packed copies (linear.py, `packed`). RMSNorm, RoPE and the gated activation are small functions of
 their own: `compile_parts` compiles each (the captured CUDA step does, step.py), so each runs as
 one kernel instead of five to eight; a kernel in a graph costs GPU time even with no launch. Any
 other architecture has no static step (`decoder_for` is None).
@@ -22,7 +22,8 @@ other architecture has no static step (`decoder_for` is None).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -115,7 +116,21 @@ class Decoder:
             )
         self.act = inner.layers[0].mlp.act_fn
         self.rms_norm, self.rope, self.gated = rms_norm, rope, gated
+        self.linear = F.linear
         self.parts_compiled = False
+
+    def packed(self, packs) -> Decoder:
+        """The same step over oneDNN-packed weights (linear.py's `Packs`), as the packed modules'
+        eager forward computes: a twin sharing everything else with this decoder."""
+        from kvagent.runtime import linear
+
+        twin = copy.copy(self)
+        twin.layers = [
+            replace(w, qkv=packs(w.qkv), o=packs(w.o), gate_up=packs(w.gate_up), down=packs(w.down))
+            for w in self.layers
+        ]
+        twin.lm_head, twin.linear = packs(self.lm_head), linear.linear
+        return twin
 
     def compile_parts(self) -> None:
         """Compile RMSNorm, RoPE and the gated activation on first use (step.py's warm-up call, before
@@ -150,7 +165,7 @@ class Decoder:
         written = wpos[:, None].expand(b, h_kv)
         for li, w in enumerate(self.layers):
             x = self._rms(hidden, w.ln1)
-            q, k, v = F.linear(x, w.qkv, w.qkv_bias).split((q_size, kv_size, kv_size), dim=-1)
+            q, k, v = self.linear(x, w.qkv, w.qkv_bias).split((q_size, kv_size, kv_size), dim=-1)
             q, k, v = q.view(b, h_q, d), k.view(b, h_kv, d), v.view(b, h_kv, d)
             if w.q_norm is not None:
                 q, k = self._rms(q, w.q_norm), self._rms(k, w.k_norm)
@@ -169,10 +184,10 @@ class Decoder:
                 attn_mask=mask,
                 scale=self.scaling,
             )
-            hidden = hidden + F.linear(out.reshape(b, q_size), w.o, w.o_bias)
+            hidden = hidden + self.linear(out.reshape(b, q_size), w.o, w.o_bias)
             x = self._rms(hidden, w.ln2)
-            hidden = hidden + F.linear(self.gated(F.linear(x, w.gate_up), self.act), w.down)
-        return F.linear(self._rms(hidden, self.norm), self.lm_head).float()
+            hidden = hidden + self.linear(self.gated(self.linear(x, w.gate_up), self.act), w.down)
+        return self.linear(self._rms(hidden, self.norm), self.lm_head).float()
 
 
 def decoder_for(model, scaling: float) -> Decoder | None:

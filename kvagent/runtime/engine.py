@@ -12,12 +12,14 @@ import torch
 
 from kvagent.errors import ConfigError
 from kvagent.runtime import attention, models
+from kvagent.runtime import linear as packing
 from kvagent.runtime.config import CacheConfig
+from kvagent.runtime.decoder import decoder_for
 from kvagent.runtime.forward import Chunk, run_forward
 from kvagent.runtime.pool import Slot, SlotPool
 from kvagent.runtime.scheduler import PREFILL_BUDGET, Scheduler
 from kvagent.runtime.session import Session
-from kvagent.runtime.step import StepRunner
+from kvagent.runtime.step import StepRunner, resolve_mode
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -73,6 +75,7 @@ class Engine:
         max_batch: int = 1,
         decode_step: str = "auto",
         prefill_budget: int | None = PREFILL_BUDGET,
+        linear: str = "auto",
     ):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ConfigError(f"max_batch: expected an int >= 1 (1 = no batching), got {max_batch!r}")
@@ -104,8 +107,14 @@ class Engine:
         self.scheduler = Scheduler(self, max_batch, prefill_budget=prefill_budget) if max_batch > 1 else None
         self.pools: dict[tuple, SlotPool] = {}
         self._pools_lock = threading.Lock()
+        # The static decoder fuses q/k/v and gate/up, so it is built before the weights are packed.
+        decoder = decoder_for(model, self.scaling)
+        # CPU matmuls over oneDNN-packed weights (linear.py): the modules' and the static step's.
+        packed = packing.resolve(linear, device, dtype, resolve_mode(decode_step, device))
+        self.packs = packing.Packs() if packed else None
+        packing.install(model, self.packs)
         # The static decode step (step.py): its mode, and None where the architecture has none.
-        self.step_runner = StepRunner(self, decode_step)
+        self.step_runner = StepRunner(self, decode_step, decoder=decoder)
 
     @classmethod
     def load(
@@ -118,12 +127,14 @@ class Engine:
         max_batch=1,
         decode_step="auto",
         prefill_budget=PREFILL_BUDGET,
+        linear="auto",
     ) -> Engine:
         """`model`: a name (smollm2, tiny-random-qwen3, tiny-random-llama), hub id, local dir,
         .gguf file, or a built PreTrainedModel (then pass its tokenizer). `max_batch > 1`: sessions
         driven from different threads share forwards, up to that many per forward, and a forward takes
         at most `prefill_budget` prompt tokens beside decode tokens (scheduler.py). `decode_step`:
-        how evicting sessions' decode tokens run (step.py: auto, eager, static, compiled, graph)."""
+        how evicting sessions' decode tokens run (step.py: auto, eager, static, compiled, graph).
+        `linear`: auto, packed or plain (linear.py: CPU matmuls over oneDNN-packed weights)."""
         from transformers import AutoTokenizer, PreTrainedModel
 
         attention.register()
@@ -153,6 +164,7 @@ class Engine:
             max_batch=max_batch,
             decode_step=decode_step,
             prefill_budget=prefill_budget,
+            linear=linear,
         )
 
     def session(self, config: CacheConfig | None = None, **kwargs) -> Session:
@@ -207,7 +219,7 @@ class Engine:
         """Switch how decode tokens run (step.py's modes) for every session of this engine, from
         its next forward on; the weights stay as they are (benchmarks compare modes on one set of
         sessions)."""
-        self.step_runner = StepRunner(self, mode, decoder=self.step_runner.decoder)
+        self.step_runner = StepRunner(self, mode, decoder=self.step_runner.plain)
 
     def close(self) -> None:
         """Stop the scheduler thread (batching engines); sessions of this engine stop working."""

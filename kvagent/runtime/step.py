@@ -15,7 +15,7 @@ Per step the host fills five small input buffers (pinned on CUDA, copied without
 the step and does the bookkeeping that follows (each session's entry counts and window ring,
 `EvictableCache.stepped`). Modes (`Engine.load(decode_step=...)`):
 - `eager`: no static step; every forward is forward.py's.
-- `static`: the static step, run op by op.
+- `static`: the static step, run op by op (on a CPU over oneDNN-packed weights, linear.py).
 - `compiled`: the static step under `torch.compile(fullgraph=True, dynamic=False)`, compiled on
   first use for each batch size B.
 - `graph` (CUDA): the static step captured in a CUDA graph per (block, first slot, B) on first use, all
@@ -76,7 +76,7 @@ class StaticBatch:
         self.logits: torch.Tensor | None = None
         self.graph = None
         self.copied = torch.cuda.Event() if pin else None  # the last copy out of `host` is done
-        self.fn = runner.compiled or runner.decoder
+        self.fn = runner.fn
         self.runner = runner
 
     def fill(self, rows: dict[int, tuple[int, int, list[int], int]]) -> None:
@@ -109,8 +109,13 @@ class StepRunner:
         self.device = engine.device
         self.mode = resolve_mode(mode, engine.device)
         # Built once per engine (it fuses the weights); kept, unused, by an eager runner.
-        self.decoder = decoder if decoder is not None else decoder_for(engine.model, engine.scaling)
-        self.enabled = self.mode != "eager" and self.decoder is not None
+        self.plain = decoder if decoder is not None else decoder_for(engine.model, engine.scaling)
+        self.enabled = self.mode != "eager" and self.plain is not None
+        # What the step runs: over the engine's packed weights where it packs them (linear.py),
+        # except compiled, which cannot trace a packed weight.
+        packs = getattr(engine, "packs", None)
+        packed = self.enabled and packs is not None and self.mode == "static"
+        self.decoder = self.plain.packed(packs) if packed else self.plain
         if self.enabled and self.mode == "graph":
             self.decoder.compile_parts()  # norms, RoPE, activation: one kernel each in the graph
         # One compiled function for every batch: it compiles once per B (the first slot changes
@@ -118,6 +123,7 @@ class StepRunner:
         self.compiled = None
         if self.enabled and self.mode == "compiled":
             self.compiled = torch.compile(self.decoder.__call__, fullgraph=True, dynamic=False)
+        self.fn = self.compiled or self.decoder
         self.batches: dict[tuple[int, int, int], StaticBatch] = {}
         self.max_slots = engine.max_batch
         self.steps = 0  # forwards the static step ran (tests, benchmarks)

@@ -65,7 +65,23 @@ def test_load_engine_checks_the_mode_before_reading_the_model(recorded):
         load_engine("tiny-random-qwen3", device="cpu", decode_step="fast")
     with pytest.raises(Loaded) as got:
         load_engine("tiny-random-qwen3", device="cpu", decode_step="compiled", max_batch=2)
-    assert got.value.kwargs == {"device": "cpu", "dtype": "auto", "max_batch": 2, "decode_step": "compiled"}
+    assert got.value.kwargs == {
+        "device": "cpu", "dtype": "auto", "max_batch": 2, "decode_step": "compiled", "linear": "auto"
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match="^linear: got 'fast'; choose auto, packed, plain$"):
+        load_engine("tiny-random-qwen3", device="cpu", linear="fast")
+    with pytest.raises(ConfigError, match="^linear: packed takes float32 or bfloat16, not torch.float16"):
+        load_engine("tiny-random-qwen3", device="cpu", dtype="float16", linear="packed")
+
+
+def test_linear_reaches_the_engine_and_a_bad_one_is_one_line(recorded, mini, jsonl_file, tmp_path, capsys):
+    base = _base("solve", tmp_path, mini, jsonl_file)
+    with pytest.raises(Loaded) as got:
+        run_app(app, [*base, "--linear", "plain"])
+    assert got.value.kwargs["linear"] == "plain"
+    code = run_app(app, [*base, "--linear", "fast"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("kvagent:")]
+    assert code == 2 and err == ["kvagent: error: linear: got 'fast'; choose auto, packed, plain"]
 
 
 def test_the_help_says_what_each_mode_is():

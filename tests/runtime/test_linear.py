@@ -1,0 +1,110 @@
+"""CPU matmuls over oneDNN-packed weights (runtime/linear.py): the same numbers as F.linear within
+float32 rounding, rows independent of their batch, every nn.Linear and the static step on them, and
+the modes checked."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from kvagent.errors import ConfigError
+from kvagent.runtime import CacheConfig, Engine, linear
+
+PACKED_OP = "mkldnn::_linear_pointwise"
+
+
+def test_packed_linear_equals_f_linear_and_rows_do_not_depend_on_the_batch():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 40, generator=gen) * 0.1
+    bias = torch.randn(96, generator=gen)
+    x = torch.randn(70, 40, generator=gen)
+    packed = linear.pack(w)
+    full = linear.linear(x, packed, bias)
+    torch.testing.assert_close(full, F.linear(x, w, bias), atol=1e-6, rtol=1e-5)
+    for m in (1, 2, 3, 8, 13, 64):  # decode batches and a prefill chunk's rows
+        assert torch.equal(linear.linear(x[:m], packed, bias), full[:m])
+    three_d = linear.linear(x[:60].view(3, 20, 40), packed, bias)  # (batch, tokens, features)
+    assert torch.equal(three_d.reshape(60, 96), full[:60])
+
+
+def _script(engine, seed: int = 2) -> list[torch.Tensor]:
+    s = engine.session(CacheConfig(policy="random", budget=24, buffer=8, protect="sink"))
+    gen = torch.Generator().manual_seed(seed)
+    out = [s.append(torch.randint(1, 500, (40,), generator=gen).tolist())]
+    for _ in range(60):
+        out.append(s.step(int(torch.randint(1, 500, (1,), generator=gen))))
+    out.append(s.append(torch.randint(1, 500, (25,), generator=gen).tolist()))
+    assert s.stats.rounds > 2
+    return out
+
+
+def _load(base, **kwargs):
+    return Engine.load(copy.deepcopy(base.model), tokenizer=base.tokenizer, device="cpu", **kwargs)
+
+
+def test_a_packed_engine_computes_as_a_plain_one_through_the_packed_op(tiny_engines):
+    """auto packs float32 on a CPU: prefill, eager and static decode all run the packed op (and a
+    plain engine never does), with the plain engine's logits within float32 rounding."""
+    base = tiny_engines["qwen3"]
+    runs = {}
+    for name, kwargs in {
+        "plain": dict(linear="plain"),
+        "packed": dict(),  # auto
+        "packed-eager": dict(decode_step="eager"),
+    }.items():
+        engine = _load(base, **kwargs)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            runs[name] = _script(engine)
+        runs[name + ":ops"] = {e.key: e.count for e in prof.key_averages()}
+        runs[name + ":steps"] = engine.step_runner.steps
+    assert PACKED_OP not in runs["plain:ops"] and runs["plain:ops"]["aten::mm"] > 0
+    n_linear = sum(type(m) is nn.Linear for m in base.model.modules())
+    assert runs["packed:steps"] >= 60 and runs["packed-eager:steps"] == 0
+    n_step = 4 * base.n_layers + 1  # the static step's: q/k/v, o, gate/up, down per layer, the head
+    for name, least in (("packed", 60 * n_step), ("packed-eager", 62 * n_linear)):
+        ops = runs[name + ":ops"]
+        assert ops[PACKED_OP] >= least  # every matmul of every forward
+        assert "aten::mm" not in ops and "aten::addmm" not in ops
+        for a, b in zip(runs["plain"], runs[name], strict=True):
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
+def test_a_compiled_engine_stays_plain_unless_asked(tiny_engines):
+    base = tiny_engines["qwen3"]
+    assert _load(base, decode_step="compiled").packs is None  # compiled cannot trace a packed weight
+    assert _load(base, decode_step="compiled", linear="packed").packs is not None
+    assert _load(base, dtype="bfloat16").packs is None  # auto: float32 only (bf16 is unmeasured)
+
+
+def test_install_undoes_itself_and_a_deep_copy_repacks(tiny_engines):
+    base = tiny_engines["llama"]
+    model = copy.deepcopy(base.model)
+    packs = linear.Packs()
+    n = linear.install(model, packs)
+    assert n == sum(type(m) is nn.Linear for m in model.modules()) > 0
+    x = torch.randn(3, model.config.hidden_size)
+    proj = model.model.layers[0].self_attn.q_proj
+    packed_out = proj(x)
+    twin = copy.deepcopy(model)  # an opaque tensor cannot be copied: the copy packs its own
+    assert torch.equal(twin.model.layers[0].self_attn.q_proj(x), packed_out)
+    assert packs(proj.weight) is packs(proj.weight)  # one packing per plain weight
+    linear.install(model, None)
+    assert "forward" not in proj.__dict__
+    torch.testing.assert_close(proj(x), packed_out, atol=1e-6, rtol=1e-5)
+
+
+def test_linear_modes_are_checked():
+    cpu, f32 = torch.device("cpu"), torch.float32
+    with pytest.raises(ConfigError, match="linear: got 'fast'; choose auto, packed, plain"):
+        linear.resolve("fast", cpu, f32)
+    with pytest.raises(ConfigError, match="not for cuda"):
+        linear.resolve("packed", torch.device("cuda"), f32)
+    with pytest.raises(ConfigError, match="float32 or bfloat16, not torch.float16"):
+        linear.resolve("packed", cpu, torch.float16)
+    assert linear.resolve("auto", cpu, f32) and not linear.resolve("plain", cpu, f32)
+    assert not linear.resolve("auto", torch.device("cuda"), f32)
