@@ -120,12 +120,16 @@ def main() -> None:
         "--batched", type=int, default=0, help="N > 1: N sessions per version on a batching engine"
     )
     ap.add_argument("--dtype", default="float32", help="float32 or bfloat16")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: the steadiest on a shared machine; "
+        "more: read the wall times, the solo CPU time counts the calling thread only)"
+    )  # fmt: skip
     args = ap.parse_args()
     if args.batched == 1 or args.batched < 0:
         ap.error("--batched N needs N >= 2 (leave it out for the solo step)")
     if not (args.before / "kvagent").is_dir():
         ap.error("--before DIR must hold a kvagent/ package (git archive REV kvagent | tar -x -C DIR)")
-    torch.set_num_threads(1)  # a shared machine: one thread is the steadiest measure
+    torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="kvagent-ab-"))
     try:
         renamed_copy(args.before, tmp)
@@ -136,7 +140,8 @@ def main() -> None:
         mode = f"batched N={n}, ms per batch step" if n > 1 else "solo"
         print(
             f"model {args.model} {args.dtype}, {mode}, L={args.length}, "
-            f"{args.blocks} alternating blocks x {args.steps} steps, load {os.getloadavg()[0]:.1f}"
+            f"{args.blocks} alternating blocks x {args.steps} steps, {args.threads} thread(s), "
+            f"load {os.getloadavg()[0]:.1f}"
         )
         print(
             f"before: {Path(versions[0][0].__file__).parents[1]}, after: {Path(versions[1][0].__file__).parents[1]}"
