@@ -111,7 +111,7 @@ class Engine:
         decoder = decoder_for(model, self.scaling)
         # CPU matmuls over oneDNN-packed weights (linear.py): the modules' and the static step's.
         packed = packing.resolve(linear, device, dtype, resolve_mode(decode_step, device))
-        self.packs = packing.Packs() if packed else None
+        self.packs = packing.Packs(0 if linear == "packed" else packing.MIN_ELEMENTS) if packed else None
         packing.install(model, self.packs)
         # The static decode step (step.py): its mode, and None where the architecture has none.
         self.step_runner = StepRunner(self, decode_step, decoder=decoder)

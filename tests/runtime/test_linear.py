@@ -48,14 +48,14 @@ def _load(base, **kwargs):
 
 
 def test_a_packed_engine_computes_as_a_plain_one_through_the_packed_op(tiny_engines):
-    """auto packs float32 on a CPU: prefill, eager and static decode all run the packed op (and a
-    plain engine never does), with the plain engine's logits within float32 rounding."""
+    """Packed: prefill, eager and static decode all run the packed op (and a plain engine never
+    does), with the plain engine's logits within float32 rounding."""
     base = tiny_engines["qwen3"]
     runs = {}
     for name, kwargs in {
         "plain": dict(linear="plain"),
-        "packed": dict(),  # auto
-        "packed-eager": dict(decode_step="eager"),
+        "packed": dict(linear="packed"),  # every weight: auto leaves a tiny model's plain
+        "packed-eager": dict(decode_step="eager", linear="packed"),
     }.items():
         engine = _load(base, **kwargs)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -74,6 +74,31 @@ def test_a_packed_engine_computes_as_a_plain_one_through_the_packed_op(tiny_engi
             torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
 
 
+def test_auto_packs_the_weights_big_enough_to_pay(qwen3_tokenizer):
+    """auto: float32 weights of MIN_ELEMENTS or more (a 512-wide model's q/o/MLP/head), not the
+    small k/v projections; the static step's fused q/k/v and gate/up too."""
+    from kvagent.runtime.models import tiny_random_model
+
+    model = tiny_random_model("qwen3", vocab_size=512, hidden_size=512, intermediate_size=1024, head_dim=64,
+                              num_attention_heads=8, num_key_value_heads=2)  # fmt: skip
+    engine = Engine.load(model, tokenizer=qwen3_tokenizer, device="cpu")
+    packed = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if "forward" in m.__dict__}
+    assert packed == {"q_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
+    assert model.model.layers[0].self_attn.k_proj.weight.numel() < linear.MIN_ELEMENTS
+    layer = engine.step_runner.decoder.layers[0]
+    assert layer.qkv.is_mkldnn and layer.gate_up.is_mkldnn and layer.down.is_mkldnn
+
+
+def test_packs_leave_small_weights_plain():
+    packs = linear.Packs(min_elements=100)
+    small, big = torch.randn(9, 11), torch.randn(10, 10)
+    assert packs(small) is small and packs(big).is_mkldnn
+    x = torch.randn(4, 10)
+    torch.testing.assert_close(linear.linear(x, packs(big)), F.linear(x, big), atol=1e-6, rtol=1e-5)
+    y = torch.randn(2, 11)
+    assert torch.equal(linear.linear(y, small), F.linear(y, small))  # a plain weight: F.linear itself
+
+
 def test_a_compiled_engine_stays_plain_unless_asked(tiny_engines):
     base = tiny_engines["qwen3"]
     assert _load(base, decode_step="compiled").packs is None  # compiled cannot trace a packed weight
@@ -84,7 +109,7 @@ def test_a_compiled_engine_stays_plain_unless_asked(tiny_engines):
 def test_install_undoes_itself_and_a_deep_copy_repacks(tiny_engines):
     base = tiny_engines["llama"]
     model = copy.deepcopy(base.model)
-    packs = linear.Packs()
+    packs = linear.Packs()  # every weight, however small
     n = linear.install(model, packs)
     assert n == sum(type(m) is nn.Linear for m in model.modules()) > 0
     x = torch.randn(3, model.config.hidden_size)
