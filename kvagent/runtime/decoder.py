@@ -13,11 +13,12 @@ batch size (a CUDA graph) and replayed.
 The layers are the Llama family's (Llama, Mistral, Qwen2, Qwen3: pre-norm, RoPE, GQA, SiLU-gated
 MLP; Qwen3's per-head q/k norms), computed as transformers' modules compute them, on the model's
 own parameters. q/k/v and gate/up are fused at load: one matmul each, with the original modules'
-weights rebound to views of the fused ones, so no weight is held twice and the eager path (prefill)
-computes with the same numbers; on a CPU both read oneDNN-packed copies (linear.py, `packed`). RMSNorm, RoPE and the gated activation are small functions of
-their own: `compile_parts` compiles each (the captured CUDA step does, step.py), so each runs as
-one kernel instead of five to eight; a kernel in a graph costs GPU time even with no launch. Any
-other architecture has no static step (`decoder_for` is None).
+weights rebound to views of the fused ones, so fusing holds no weight twice and the eager path
+(prefill) computes with the same numbers. On a CPU both paths read oneDNN-packed copies besides
+(linear.py; `packed` makes the step's twin). RMSNorm, RoPE and the gated activation are small
+functions of their own: `compile_parts` compiles each (the captured CUDA step does, step.py), so
+each runs as one kernel instead of five to eight; a kernel in a graph costs GPU time even with no
+launch. Any other architecture has no static step (`decoder_for` is None).
 """
 
 from __future__ import annotations
