@@ -5,9 +5,9 @@ load from other jobs hits all alike. Reports each mode's median step time, the r
 (the median of the block-set ratios), the compile time and the break-even: how many decode tokens
 the compiled step must run before its compile time is paid back. `parts` is the static step with
 only RMSNorm, RoPE and the gated activation compiled (`Decoder.compile_parts`, as the CUDA graph
-mode has them). A mode followed by `+plain` (`eager+plain`, `static+plain`) runs with
-`linear="plain"`: torch's F.linear over the plain weights, not oneDNN's packed ones
-(runtime/linear.py); ratios are to the first mode listed.
+mode has them). A mode followed by `+plain` or `+packed` (`eager+plain`, `static+packed`) runs
+with that `linear=` (runtime/linear.py: plain is torch's F.linear, packed every weight over
+oneDNN's packed layout, bfloat16 too where the CPU can); ratios are to the first mode listed.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decode_modes.py [--model smollm2] [--blocks 12]
         [--batched 8] [--dtype bfloat16] [--modes eager,static,parts,compiled] [--threads 1]
