@@ -110,8 +110,7 @@ class Engine:
         # The static decoder fuses q/k/v and gate/up, so it is built before the weights are packed.
         decoder = decoder_for(model, self.scaling)
         # CPU matmuls over oneDNN-packed weights (linear.py): the modules' and the static step's.
-        packed = packing.resolve(linear, device, dtype, resolve_mode(decode_step, device))
-        self.packs = packing.Packs(0 if linear == "packed" else packing.MIN_ELEMENTS) if packed else None
+        self.packs = packing.resolve(linear, device, dtype, resolve_mode(decode_step, device))
         packing.install(model, self.packs)
         # The static decode step (step.py): its mode, and None where the architecture has none.
         self.step_runner = StepRunner(self, decode_step, decoder=decoder)

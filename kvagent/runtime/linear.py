@@ -35,16 +35,16 @@ MODES = ("auto", "packed", "plain")
 MIN_ELEMENTS = 1 << 18  # auto's smallest packed weight (out x in), from the 2-core AVX2 EPYC
 
 
-def resolve(mode: str, device: torch.device, dtype: torch.dtype, decode_step: str = "static") -> bool:
-    """Whether this engine packs its weights; a mode this machine cannot run is a ConfigError.
-    `auto` leaves a `compiled` engine plain: its step cannot trace a packed weight, and its
-    prefill then computes as its decode does."""
+def resolve(mode: str, device: torch.device, dtype: torch.dtype, decode_step: str = "static") -> Packs | None:
+    """The `Packs` an engine packs its weights through, or None (plain); a mode this machine cannot
+    run is a ConfigError. `auto` leaves a `compiled` engine plain: its step cannot trace a packed
+    weight, and its prefill then computes as its decode does."""
     if mode not in MODES:
         raise ConfigError(f"linear: got {mode!r}; choose {', '.join(MODES)}")
     usable = device.type == "cpu" and torch.backends.mkldnn.is_available()
     auto = usable and dtype == torch.float32 and decode_step != "compiled"
     if mode == "plain" or (mode == "auto" and not auto):
-        return False
+        return None
     if not usable:
         raise ConfigError(f"linear: packed is oneDNN's CPU layout, not for {device.type}; use auto or plain")
     if dtype not in (torch.float32, torch.bfloat16):
@@ -53,7 +53,7 @@ def resolve(mode: str, device: torch.device, dtype: torch.dtype, decode_step: st
         pack(torch.zeros(8, 8, dtype=dtype))
     except RuntimeError as e:
         raise ConfigError(f"linear: this CPU cannot pack {dtype} weights ({e}); use auto or plain") from None
-    return True
+    return Packs(0 if mode == "packed" else MIN_ELEMENTS)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -97,7 +97,7 @@ class PackedForward:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             self.packed = pack(self.module.weight)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.module.bias, "none", [], "")
+        return linear(x, self.packed, self.module.bias)
 
     def __deepcopy__(self, memo) -> PackedForward:
         return PackedForward(copy.deepcopy(self.module, memo), None)
