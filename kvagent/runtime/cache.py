@@ -83,6 +83,12 @@ class EvictableLayer(LayerBase):
         slot = self.owner.slot
         return slot.views(self.layer_idx) if slot is not None else None
 
+    def nbytes(self) -> int:
+        if not self.is_initialized and self.owner.slot is not None:
+            # A slot's slab is the session's from its start: the pool allocated it then.
+            return sum(t.numel() * t.element_size() for t in self._slot_views())
+        return super().nbytes()
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         views = self._slot_views()
         if views is not None and key_states.shape[-2] <= views[0].shape[-2]:
@@ -245,6 +251,14 @@ class EvictableCache(QueryRecord, Cache):
 
     def loads(self) -> list[int]:
         return [layer.load() for layer in self.layers]
+
+    def move_to(self, slot) -> None:
+        """Carry every layer living in the current slot into `slot` (an empty one of the same pool,
+        `SlotPool.lower`), entries and window ring copied as they are; the caller releases the old."""
+        for layer in self.layers:
+            if layer.in_slot:
+                layer.in_slot = False  # attach_slot copies its live entries out of the old views
+        self.attach_slot(slot)
 
     def attach_slot(self, slot) -> None:
         self.slot = slot

@@ -3,14 +3,17 @@
 A pool serves sessions whose layers have the same capacities C_l (K_l + 2r, or K_l + r under
 topk-all). Per layer it holds `(S, H_kv, C_l + 1, D)` key/value slabs and `(S, H_kv, C_l + 1)`
 positions in blocks of `block_slots` slots (the engine's max_batch; 1 on a solo engine); a session
-owns one slot (the same index in every layer) for its lifetime and compacts in place, so its
-storage never moves. Past a slot's live entries every position is -1 (PAD): the static decode step
-(step.py) attends a slot's whole capacity under the mask `positions >= 0`, with no length in its
-shapes. The extra column C_l of every slot is scratch: the static step's rows that carry no session
+owns one slot (the same index in every layer) and compacts in place, so its storage never moves
+inside a call. Between its calls a session moves into the lowest free slot if it is lower than its
+own (`lower`, `Session._settle`): sessions that came and went leave live ones scattered over
+blocks, and the static step takes one block at a time. Past a slot's live entries every
+position is -1 (PAD): the static decode step (step.py) attends a slot's whole capacity under the
+mask `positions >= 0`, with no length in its shapes. The extra column C_l of every slot is scratch: the static step's rows that carry no session
 write there, and nothing ever attends it. Batched eager attention reads `keys[s0:s1, :, :n_max]` of
 one block, a view, for sessions holding consecutive slots. Blocks are never reallocated while a
 slot of theirs is held, so a compaction in one thread can never race a growth in another; a new
-block is added when every slot is taken, and a pool whose slots are all free gives its memory back.
+block is added when every slot is taken, and trailing blocks whose slots are all free give their
+memory back.
 """
 
 from __future__ import annotations
@@ -100,20 +103,33 @@ class SlotPool:
         with self._lock:
             if not self._free:
                 self._new_block()
-            b, i = self._free.pop()
-            slot = Slot(self, b, i)
-            for p in slot.block.positions:
-                p[i].fill_(-1)  # an empty slab: the last owner's entries (or a scratch write) gone
-            return slot
+            return self._take()
+
+    def lower(self, slot: Slot) -> Slot | None:
+        """A free slot before `slot` (an earlier block, or earlier in its block), taken, or None.
+        The caller moves its session there and then releases `slot` (`EvictableCache.move_to`)."""
+        with self._lock:
+            if not self._free or self._free[-1] >= (slot.block_index, slot.index):
+                return None
+            return self._take()
+
+    def _take(self) -> Slot:
+        b, i = self._free.pop()
+        slot = Slot(self, b, i)
+        for p in slot.block.positions:
+            p[i].fill_(-1)  # an empty slab: the last owner's entries (or a scratch write) gone
+        return slot
 
     def release(self, slot: Slot) -> None:
         with self._lock:
             self._free.append((slot.block_index, slot.index))
             self._free.sort(reverse=True)
-            if len(self._free) == len(self.blocks) * self.block_slots:
-                # Nobody holds a slot: give the memory back (solo engines make a pool per budget).
-                self.blocks.clear()
-                self._free.clear()
+            # Trailing blocks nobody holds a slot of give their memory back (all of them: a solo
+            # engine makes a pool per budget). Only trailing ones: a slot's block index is fixed.
+            s = self.block_slots
+            while self.blocks and sum(b == len(self.blocks) - 1 for b, _ in self._free) == s:
+                self.blocks.pop()
+                self._free = [f for f in self._free if f[0] < len(self.blocks)]
 
     @property
     def in_use(self) -> int:

@@ -158,6 +158,7 @@ class Conversations:
             raise RequestError(request_spelling(str(e))) from None
         first = len(prompt) if first is None else first
         conv = Conversation(f"s{next(self._ids)}", session, config, first, list(prompt[:first]))
+        conv.kv_bytes = session.stats.total_kv_bytes  # a pool slot's slab is held from the start
         plan.conv = conv
         with self._lock:
             self._live[conv.id] = conv

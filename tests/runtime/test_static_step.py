@@ -266,3 +266,54 @@ def test_a_pool_left_empty_gives_its_memory_back(tiny_engines):
     again.step(3)
     [batch] = engine.step_runner.batches.values()
     assert batch.block is pool.blocks[0] and again.evictor.slot.pool is pool
+
+
+def test_a_session_moves_into_a_slot_that_came_free_and_steps_the_same(tiny_engines):
+    """Sessions scatter over pool blocks as others come and go (serve: a dropped conversation);
+    at its next call a session moves into the lowest free slot, entries and window ring copied, so
+    live sessions share one block (one static batch) and a block left empty gives its memory back.
+    Its logits and keep-sets stay those of a solo eager session fed the same."""
+    import gc
+
+    solo = _pair(tiny_engines)["eager"]
+    batched = _pair(tiny_engines, max_batch=2)["static"]
+    cfg = CacheConfig(policy="snapkv", budget=24, buffer=8, protect="sink")  # records queries
+    a, b, c = (batched.session(cfg) for _ in range(3))
+    pool = c.evictor.slot.pool
+    assert (c.evictor.slot.block_index, c.evictor.slot.index) == (1, 0) and len(pool.blocks) == 2
+    ref = solo.session(cfg)
+    gen = torch.Generator().manual_seed(11)
+    prompt = torch.randint(1, 500, (40,), generator=gen).tolist()
+    toks = torch.randint(1, 500, (120,), generator=gen).tolist()
+    ours, theirs = [c.append(prompt)], [ref.append(prompt)]
+    for t in toks[:50]:  # rounds fire in block 1
+        ours.append(c.step(t))
+        theirs.append(ref.step(t))
+    before = c.stats.rounds
+    del a
+    gc.collect()
+    for t in toks[50:]:
+        ours.append(c.step(t))
+        theirs.append(ref.step(t))
+    assert (c.evictor.slot.block_index, c.evictor.slot.index) == (0, 0)
+    assert len(pool.blocks) == 1 and pool.in_use == 2
+    assert c.stats.rounds > before > 0
+    keys, _, _ = c.evictor.slot.views(0)
+    assert c.cache.layers[0].in_slot and c.cache.layers[0].keys.data_ptr() == keys.data_ptr()
+    assert c.cache.ring.data_ptr() == c.evictor.slot.ring().data_ptr()
+    for x, y in zip(theirs, ours, strict=True):
+        torch.testing.assert_close(y, x, atol=1e-5, rtol=1e-5)
+    for x, y in zip(ref.kept_positions(), c.kept_positions(), strict=True):
+        assert torch.equal(x, y)
+    # Together in block 0, the two sessions' decode tokens take the static step in every forward.
+    b.append(prompt)
+    runner, sched = batched.step_runner, batched.scheduler
+    steps0, forwards0, rows0 = runner.steps, sched.forwards, sched.rows
+    threads = [threading.Thread(target=lambda s=s: [s.step(t) for t in toks[:40]]) for s in (b, c)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert runner.steps - steps0 == sched.forwards - forwards0 and sched.rows - rows0 == 80
+    assert sched.rows - rows0 > sched.forwards - forwards0  # some forwards held both
+    batched.close()

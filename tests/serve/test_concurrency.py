@@ -145,3 +145,39 @@ def test_the_least_recently_used_idle_session_is_the_one_dropped(serve, solo_eng
     assert ra.model_extra["kvagent"]["status"] == "continued"  # A survived
     rb, _ = ask(b + [{"role": "user", "content": "And now?"}])
     assert rb.model_extra["kvagent"]["status"] == "new" and rb.model_extra["kvagent"]["reason"] == "dropped"
+
+
+def test_a_new_conversation_counts_its_slot_and_moves_into_the_one_an_idle_session_left(
+    serve, tiny_model, qwen3_tokenizer
+):
+    """An evicting session's pool slot is held from its start, so a new conversation past
+    --kv-memory drops the least recently used idle one at once, and its first append moves it into
+    the slot that freed: the live sessions share one pool block (one static decode batch) and the
+    block it was given first is handed back."""
+    from kvagent.runtime import Engine
+
+    engine = Engine.load(tiny_model, tokenizer=qwen3_tokenizer, device="cpu", max_batch=2)
+    cfg = CacheConfig(policy="random", budget=24, buffer=8, protect="sink")
+    try:
+        probe = engine.session(cfg)
+        pool, slot_bytes = probe.evictor.slot.pool, probe.stats.total_kv_bytes
+        assert slot_bytes == pool.slot_nbytes() > 0
+        del probe
+        srv = serve(engine, defaults=cfg, kv_memory=2 * slot_bytes)
+        for name in ("W", "A", "B"):  # W takes block 0's first slot, A its second, B a new block
+            r = srv.client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": f"Conversation {name}: list the files."}],
+                max_tokens=4,
+                temperature=0,
+            )
+            assert r.model_extra["kvagent"]["status"] == "new"
+        m = srv.metrics()
+        assert (
+            m['kvagent_sessions_dropped_total{reason="kv_memory"}'] == 1 and m["kvagent_live_sessions"] == 2
+        )
+        assert m["kvagent_kv_bytes"] == 2 * slot_bytes
+        blocks = len(pool.blocks)  # (the list's repr would print every slab)
+        assert blocks == 1 and pool.in_use == 2
+    finally:
+        engine.close()
