@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -69,6 +70,8 @@ class Evictor:
         self.scaling = scaling
         self.sync = device.type == "cuda"  # round timings synchronise, so they hold only the round
         self.slot = slot  # a pool Slot (batched engines), or None for a private cache
+        # The slot goes back to its pool with this evictor (its session).
+        self._slot_release = weakref.finalize(self, slot.release) if slot is not None else None
         self.adaptive = config.adaptive_heads
         self.audit: list[AuditRound] | None = [] if config.audit else None
         self.round_index = 0  # orders audit records: every round and every forced drop counts one
@@ -95,6 +98,23 @@ class Evictor:
                 layer.capacity_hint = self.schedule.trigger(k)
         self.cache = cache
         self.state: list[dict] = [{} for _ in range(self.n_layers)]  # per layer, the policy's
+
+    def settle(self) -> None:
+        """Between a session's forwards, move into a lower slot of the pool if one came free (vLLM
+        condenses its persistent batch alike): live sessions stay together at the front, so their
+        decode tokens keep forming one static batch (step.py takes one pool block at a time) of the
+        smallest size, and a trailing block left empty gives its memory back. The numbers do not
+        change."""
+        old = self.slot
+        new = old.pool.lower(old) if old is not None else None
+        if new is None:
+            return
+        if self.cache.slot is old:  # else a reprefill rebuild not yet compressed into the slot
+            self.cache.move_to(new)
+        self.slot = new
+        self._slot_release.detach()
+        self._slot_release = weakref.finalize(self, new.release)
+        old.release()
 
     def dense_snapshot(self) -> DenseSnapshot:
         """A copy of the cache and the per-layer policy state, taken inside a reprefill's dense

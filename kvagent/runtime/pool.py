@@ -5,7 +5,7 @@ topk-all). Per layer it holds `(S, H_kv, C_l + 1, D)` key/value slabs and `(S, H
 positions in blocks of `block_slots` slots (the engine's max_batch; 1 on a solo engine); a session
 owns one slot (the same index in every layer) and compacts in place, so its storage never moves
 inside a call. Between its calls a session moves into the lowest free slot if it is lower than its
-own (`lower`, `Session._settle`): sessions that came and went leave live ones scattered over
+own (`lower`, `Evictor.settle`): sessions that came and went leave live ones scattered over
 blocks, and the static step takes one block at a time. Past a slot's live entries every
 position is -1 (PAD): the static decode step (step.py) attends a slot's whole capacity under the
 mask `positions >= 0`, with no length in its shapes. The extra column C_l of every slot is scratch: the static step's rows that carry no session

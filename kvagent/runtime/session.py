@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-import weakref
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -82,7 +81,6 @@ class Session:
         self._prefix: tuple[list[int], DenseSnapshot] | None = None  # (the tokens it holds, their state)
         # The static slab of a pool this session's cache lives in (evicting, token budget; else private).
         slot = engine.slot_for(pool_capacities(config, policy, engine.n_layers), config.buffer, config.window)
-        self._slot_release = weakref.finalize(self, slot.release) if slot is not None else None
         self.evictor = Evictor(
             config,
             policy,
@@ -145,7 +143,7 @@ class Session:
         ids = _as_list(ids)
         if not ids:
             raise ConfigError("append: got no token ids; pass at least one")
-        self._settle()
+        self.evictor.settle()
         if self.prompt_length is None:
             self.prompt_length = len(ids)
             check_prompt_fits(self.config, self.prompt_length, self.engine.n_layers, self.policy)
@@ -156,7 +154,7 @@ class Session:
     @scheduled
     def step(self, token_id: int) -> torch.Tensor:
         """Feed one token through the decode path; returns float32 logits (vocab,)."""
-        self._settle()
+        self.evictor.settle()
         if self._stale:
             return self._reprefill([int(token_id)], all_logits=False)
         logits = self._forward([int(token_id)], all_logits=False)
@@ -175,7 +173,7 @@ class Session:
             raise ConfigError("teacher_force: got no token ids; pass at least one")
         if self._last_logits is None:
             raise ConfigError(f"teacher_force: {self._no_logits()}")
-        self._settle()
+        self.evictor.settle()
         if self._stale:
             return self._reprefill(ids, all_logits=True)
         evict = self.config.evicts and self.config.scope == "prefill+decode"
@@ -287,23 +285,6 @@ class Session:
         return n
 
     # ----------------------------------------------------------------- internals
-    def _settle(self) -> None:
-        """Between forwards, move into a lower slot of the pool if one came free (vLLM condenses its
-        persistent batch alike): live sessions stay together at the front, so their decode tokens
-        keep forming one static batch (step.py takes one pool block at a time) of the smallest size,
-        and a trailing block left empty gives its memory back. The numbers do not change."""
-        ev = self.evictor
-        old = ev.slot
-        new = old.pool.lower(old) if old is not None else None
-        if new is None:
-            return
-        if ev.cache.slot is old:  # else a reprefill rebuild not yet compressed into the slot
-            ev.cache.move_to(new)
-        ev.slot = new
-        self._slot_release.detach()
-        self._slot_release = weakref.finalize(self, new.release)
-        old.release()
-
     def _no_logits(self) -> str:
         """Why there are no last logits to continue from, and what to do."""
         if self.logical_length:
