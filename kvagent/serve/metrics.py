@@ -120,6 +120,12 @@ class _StateCollector:
         yield CounterMetricFamily(
             "kvagent_batch_rows", "Session chunks those forwards served.", s["batch_rows"]
         )
+        yield CounterMetricFamily(
+            "kvagent_static_steps",
+            "Forwards the static decode step ran (decode tokens of sessions in one pool block); the "
+            "rest ran the eager forward.",
+            s["static_steps"],
+        )
         started = CounterMetricFamily(
             "kvagent_sessions_started",
             "Sessions started, by why no live one was continued: new, busy (it was serving another "

@@ -67,6 +67,7 @@ def test_eight_concurrent_conversations_equal_their_solo_runs(
     assert m["kvagent_batch_size_mean"] > 1, m["kvagent_batch_size_mean"]
     assert m["kvagent_batch_rows_total"] > m["kvagent_batch_forwards_total"] > 0
     assert m['kvagent_sessions_started_total{reason="new"}'] == n and m["kvagent_live_sessions"] == n
+    assert m["kvagent_static_steps_total"] == 0  # full caches hold no pool slot: every forward eager
 
 
 def _running(srv, count: int, timeout: float = 60) -> None:
@@ -177,6 +178,8 @@ def test_a_new_conversation_counts_its_slot_and_moves_into_the_one_an_idle_sessi
             m['kvagent_sessions_dropped_total{reason="kv_memory"}'] == 1 and m["kvagent_live_sessions"] == 2
         )
         assert m["kvagent_kv_bytes"] == 2 * slot_bytes
+        # the replies' decode tokens took the static step (evicting sessions in a pool slot)
+        assert 0 < m["kvagent_static_steps_total"] <= m["kvagent_batch_forwards_total"]
         blocks = len(pool.blocks)  # (the list's repr would print every slab)
         assert blocks == 1 and pool.in_use == 2
     finally:
