@@ -11,10 +11,12 @@ oneDNN's packed layout, bfloat16 too where the CPU can); ratios are to the first
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decode_modes.py [--model smollm2] [--blocks 12]
         [--batched 8] [--dtype bfloat16] [--modes eager,static,parts,compiled] [--threads 1]
+        [--budget 256] [--buffer 32] [--length 512]
 
-Solo (default): one session per mode (random, K = 256, r = 32, sink; rounds fire inside the
-blocks), the calling thread's CPU time. `--batched N`: each mode a batching engine with N sessions
-stepping at once (one thread each), the process's CPU time per batch step.
+Solo (default): one session per mode (random, K = `--budget` 256, r = `--buffer` 32, sink;
+rounds fire inside the blocks), the calling thread's CPU time. `--batched N`: each mode a
+batching engine with N sessions stepping at once (one thread each), the process's CPU time per
+batch step.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=12, help="timed blocks per mode")
     ap.add_argument("--batched", type=int, default=0, help="N > 1: N sessions per mode on a batching engine")
     ap.add_argument("--modes", default="eager,static,compiled", help="the first is the ratios' base")
+    ap.add_argument("--budget", type=int, default=256, help="K of the sessions' random policy")
+    ap.add_argument("--buffer", type=int, default=32, help="r of the sessions' random policy")
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: the steadiest on a shared machine)"
     )
@@ -75,7 +79,9 @@ def main() -> None:
             engine.step_runner.decoder.compile_parts()
         sessions = []
         for i in range(n):
-            s = engine.session(CacheConfig(policy="random", budget=256, buffer=32, protect="sink", seed=i))
+            s = engine.session(
+                CacheConfig(policy="random", budget=args.budget, buffer=args.buffer, protect="sink", seed=i)
+            )
             s.append(prompts[i])
             sessions.append(s)
         t0 = time.perf_counter()
