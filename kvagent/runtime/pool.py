@@ -8,8 +8,8 @@ inside a call. Between its calls a session moves into the lowest free slot if it
 own (`lower`, `Evictor.settle`): sessions that came and went leave live ones scattered over
 blocks, and the static step takes one block at a time. Past a slot's live entries every
 position is -1 (PAD): the static decode step (step.py) attends a slot's whole capacity under the
-mask `positions >= 0`, with no length in its shapes. The extra column C_l of every slot is scratch: the static step's rows that carry no session
-write there, and nothing ever attends it. Batched eager attention reads `keys[s0:s1, :, :n_max]` of
+mask `positions >= 0`, with no length in its shapes. The extra column C_l of every slot is
+scratch: the static step's rows that carry no session write there, and nothing ever attends it. Batched eager attention reads `keys[s0:s1, :, :n_max]` of
 one block, a view, for sessions holding consecutive slots. Blocks are never reallocated while a
 slot of theirs is held, so a compaction in one thread can never race a growth in another; a new
 block is added when every slot is taken, and trailing blocks whose slots are all free give their
@@ -126,8 +126,7 @@ class SlotPool:
             self._free.sort(reverse=True)
             # Trailing blocks nobody holds a slot of give their memory back (all of them: a solo
             # engine makes a pool per budget). Only trailing ones: a slot's block index is fixed.
-            s = self.block_slots
-            while self.blocks and sum(b == len(self.blocks) - 1 for b, _ in self._free) == s:
+            while self.blocks and sum(b == len(self.blocks) - 1 for b, _ in self._free) == self.block_slots:
                 self.blocks.pop()
                 self._free = [f for f in self._free if f[0] < len(self.blocks)]
 

@@ -88,7 +88,7 @@ class Server:
             "max_batch": self.engine.max_batch,
             "batch_forwards": sched.forwards if sched is not None else 0,
             "batch_rows": sched.rows if sched is not None else 0,
-            "static_steps": getattr(getattr(self.engine, "step_runner", None), "steps", 0),
+            "static_steps": self.engine.step_runner.steps,
             "started": dict(self.conversations.started),
             "dropped": dict(self.conversations.dropped),
         }
