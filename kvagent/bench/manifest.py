@@ -39,8 +39,8 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def load_manifest(path: str | Path = MANIFEST) -> dict[str, Any]:
-    path = Path(path)
+def load_manifest(path: str | Path | None = None) -> dict[str, Any]:
+    path = Path(path or MANIFEST)
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
@@ -181,8 +181,12 @@ def build_lines(
     return lines
 
 
+def file_bytes(lines: list[bytes]) -> bytes:
+    return b"".join(line + b"\n" for line in lines)
+
+
 def write_file(lines: list[bytes], out: str | Path) -> Path:
-    return atomic_write_bytes(out, b"".join(line + b"\n" for line in lines))
+    return atomic_write_bytes(out, file_bytes(lines))
 
 
 def check_file(manifest: dict[str, Any], path: str | Path) -> int:
@@ -213,7 +217,7 @@ def default_file() -> Path:
     return cache_dir() / "episodes" / "trajectories_dev.jsonl"
 
 
-def bundled_file(manifest_path: str | Path = MANIFEST) -> Path:
+def bundled_file(manifest_path: str | Path | None = None) -> Path:
     """The built episode file (`--episodes bundled`), its digest checked against the manifest's."""
     path = default_file()
     if not path.is_file():
@@ -221,7 +225,7 @@ def bundled_file(manifest_path: str | Path = MANIFEST) -> Path:
             f"episodes: the bundled trajectories are not built yet ({path} is missing); run `{BUILD_HINT}` "
             "(downloads them from GitHub; --from DIR reads a local mirror) or pass --episodes FILE.jsonl"
         )
-    manifest = load_manifest(manifest_path)
+    manifest = load_manifest(manifest_path or MANIFEST)
     got = sha256(path.read_bytes())
     if got != manifest["sha256"]:
         raise ConfigError(

@@ -10,6 +10,7 @@ from typing import Any
 from kvagent.agent.trajectory import iter_trajectories
 from kvagent.bench.episodes import Episode, load_json_episode, load_jsonl_episodes, truncate_messages
 from kvagent.bench.generator import generate_episode
+from kvagent.bench.manifest import bundled_file
 from kvagent.errors import ConfigError
 
 
@@ -34,6 +35,7 @@ def _int_opt(opts: dict[str, str], key: str, spec: str, default: int | None) -> 
 
 def load_episodes(specs: list[str], open_env: Callable[[Path], Any] | None = None) -> list[Episode]:
     """Each spec is `gen[:seed=N,turns=T,repo=DIR,fact_turn=F,prompt=agent|compact]`, `FILE.jsonl[:first=N,ids=a|b,max_chars=C]`,
+    `bundled[:...]` (the built trajectories, bench/manifest.py; options as a .jsonl's),
     `FILE.json[:max_chars=C]` or a directory of `*.traj.json`. `plant=0` leaves external episodes
     without a planted fact (and probe). `open_env(repo)`: the sandbox generated episodes run in."""
     episodes: list[Episode] = []
@@ -59,7 +61,8 @@ def load_episodes(specs: list[str], open_env: Callable[[Path], Any] | None = Non
                 )
             ]
         else:
-            path = Path(head).expanduser()
+            # `bundled`: the study's 33 trajectories, built by `kvagent bench episodes build`.
+            path = bundled_file() if head == "bundled" else Path(head).expanduser()
             if path.is_dir():
                 eps = [
                     load_json_episode(p, plant, data) for p, data in iter_trajectories(path, any_format=True)

@@ -1,4 +1,4 @@
-"""`kvagent bench fidelity|study|speed|serve`: declarations of the benchmark commands (bodies: bench.py, bench_serve.py)."""
+"""`kvagent bench fidelity|study|speed|serve|episodes`: declarations of the benchmark commands (bodies: bench.py, bench_serve.py, bench_episodes.py)."""
 
 from __future__ import annotations
 
@@ -76,9 +76,9 @@ def bench_study(
         list[str],
         typer.Option(
             help="Trajectories the design chooses its episodes from (repeatable), as for `bench fidelity`: "
-            "FILE.jsonl[:first=N,ids=a|b], ..."
+            "FILE.jsonl[:first=N,ids=a|b], ... Default: the bundled ones (`kvagent bench episodes build`)."
         ),
-    ] = ["../shared/data/trajectories_dev.jsonl"],  # noqa: B006
+    ] = ["bundled"],  # noqa: B006
     out: Annotated[
         str | None,
         typer.Option(
@@ -164,7 +164,7 @@ def bench_serve(
         typer.Option(
             help="Episode source (repeatable), as for `bench fidelity`: FILE.jsonl[:first=N,ids=a|b], ..."
         ),
-    ] = ["../shared/data/trajectories_dev.jsonl:plant=0"],  # noqa: B006
+    ] = ["bundled:plant=0"],  # noqa: B006
     concurrency: Annotated[int, typer.Option(help="Conversations in flight at once.")] = 8,
     conversations: Annotated[
         int | None, typer.Option(help="Conversations in all (each episode once). Default: --concurrency.")
@@ -207,3 +207,60 @@ def bench_serve(
         model_name=model_name, temperature=temperature, seed=seed, timeout=timeout, out=out, quiet=quiet,
         fresh=fresh,
     )  # fmt: skip
+
+
+episodes_app = typer.Typer(
+    help="The study's bundled trajectories, built from their public sources (a manifest of sha256s).",
+    no_args_is_help=True,
+)
+bench_app.add_typer(episodes_app, name="episodes")
+
+
+@episodes_app.command("build")
+@user_errors
+def episodes_build(
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="A local mirror: DIR/OWNER/NAME/PATH (a checkout at the manifest's commit, or the files; "
+            "PATH.gz too) or DIR/OWNER/NAME a git repository with the commit. Default: download from GitHub.",
+        ),
+    ] = None,
+    out: Annotated[
+        str | None,
+        typer.Option(
+            help="Where to write the file. Default: the kvagent cache, where --episodes bundled reads."
+        ),
+    ] = None,
+    ids: Annotated[
+        list[str] | None,
+        typer.Option(help="Build only these episodes (comma list or repeated; needs --out)."),
+    ] = None,
+    manifest: Annotated[
+        str | None, typer.Option(help="The episode manifest. Default: the one kvagent ships.")
+    ] = None,
+) -> None:
+    """Build the study's episode file from its sources, every record's sha256 checked.
+
+    A record whose sha256 differs from the manifest's is refused in one line (the record, expected,
+    got, the fix) and nothing is written."""
+    from kvagent.cli.bench_episodes import run_build
+
+    run_build(source=source, out=out, ids=ids, manifest=manifest)
+
+
+@episodes_app.command("check")
+@user_errors
+def episodes_check(
+    file: Annotated[
+        str | None, typer.Argument(help="An episode file. Default: the built one in the kvagent cache.")
+    ] = None,
+    manifest: Annotated[
+        str | None, typer.Option(help="The episode manifest. Default: the one kvagent ships.")
+    ] = None,
+) -> None:
+    """Check an existing episode file against the manifest, record by record (sha256)."""
+    from kvagent.cli.bench_episodes import run_check
+
+    run_check(file=file, manifest=manifest)
