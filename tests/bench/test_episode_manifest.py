@@ -186,3 +186,61 @@ def test_a_clean_checkout_without_shared_reproduces_a_study_episode(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"wrote {out}: 1 records" in r.stdout
     assert mf.sha256(out.read_bytes()[:-1]) == _entry(mf.load_manifest())["sha256"]
+
+
+def _traj(obj) -> bytes:
+    return json.dumps(obj).encode()
+
+
+CALL = {
+    "index": 1,
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "bash", "arguments": '{"command": "ls"}'},
+}
+OPENAI_CALL = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+
+
+def test_each_converter_keeps_the_texts_and_drops_what_its_docstring_says():
+    """The formats the fixture mirror does not hold, on hand-made sources of their shape."""
+    h0 = [{"role": "system", "content": "S", "agent": "primary"}, {"role": "user", "content": "demo", "is_demo": True},
+          {"role": "assistant", "content": "A", "thought": "A", "action": "ls\n"}, {"role": "user", "content": "O"}]  # fmt: skip
+    assert CONVERTERS["sweagent-0.x"](_traj({"history": h0}), None) == [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "demo"},
+        {"role": "assistant", "content": "A"}, {"role": "user", "content": "O"},
+    ]  # fmt: skip
+    h1 = [{"role": "user", "content": [{"type": "text", "text": "T"}]},
+          {"role": "assistant", "content": "A", "tool_calls": [CALL]},
+          {"role": "tool", "content": [{"type": "text", "text": "O"}], "tool_call_ids": ["c1"]}]  # fmt: skip
+    assert CONVERTERS["sweagent-1.x"](_traj({"history": h1}), None) == [
+        {"role": "user", "content": "T"}, {"role": "assistant", "content": "A", "tool_calls": [OPENAI_CALL]},
+        {"role": "tool", "content": "O", "tool_call_id": "c1"},
+    ]  # fmt: skip
+    mini = [{"role": "assistant", "content": None, "tool_calls": [CALL], "extra": {}},
+            {"role": "tool", "content": "O", "tool_call_id": "c1"}, {"role": "exit", "content": "patch"}]  # fmt: skip
+    assert CONVERTERS["mini-swe-agent"](_traj({"messages": mini}), None) == [
+        {"role": "assistant", "content": "", "tool_calls": [OPENAI_CALL]},
+        {"role": "tool", "content": "O", "tool_call_id": "c1"},
+    ]  # fmt: skip
+    meta = {
+        "tool_call_id": "c1",
+        "model_response": {"id": "r1", "choices": [{"message": {"content": "A", "tool_calls": [CALL]}}]},
+    }
+    events = [{"action": "system", "args": {"content": "S"}}, {"action": "message", "args": {"content": "T"}},
+              {"action": "recall", "args": {}}, {"observation": "recall", "content": "ctx"},
+              {"action": "run", "tool_call_metadata": meta}, {"observation": "run", "content": "O", "tool_call_metadata": meta},
+              {"observation": "error", "content": "E"}]  # fmt: skip
+    rows = b"\n".join([b"{}", _traj({"history": events})])
+    assert CONVERTERS["openhands"](rows, 2) == [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "T"},
+        {"role": "assistant", "content": "A", "tool_calls": [OPENAI_CALL]},
+        {"role": "tool", "content": "O", "tool_call_id": "c1"}, {"role": "tool", "content": "E"},
+    ]  # fmt: skip
+    with pytest.raises(KvagentError, match="no line 3"):
+        CONVERTERS["openhands"](rows, 3)
+    r2e = {"agent_args": {"system_prompt": "S", "instance_prompt": "in {working_dir}: {problem_statement} {x}"},
+           "problem_statement": "bug", "trajectory_steps": [{"thought": "<think>t</think>", "action": "<function=f>", "observation": "O"}]}  # fmt: skip
+    assert CONVERTERS["r2egym-steps"](_traj(r2e), 1) == [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "in /testbed: bug {x}"},
+        {"role": "assistant", "content": "<think>t</think>\n\n<function=f>"}, {"role": "tool", "content": "O"},
+    ]  # fmt: skip
