@@ -7,13 +7,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvagent.agent.history import REPLY_RULES, History, parse_history
 from kvagent.agent.prompts import DEFAULT_STYLE, INSTANCE_STYLES
 from kvagent.errors import ConfigError
 
 SCAFFOLDS = ("kvagent", "r2egym")
 # keep-thinking: every reply stays verbatim; drop-thinking: past replies' reasoning is forgotten;
 # r2egym: each reply is replaced by R2E-Gym's re-rendering of it (its call only) once answered.
-HISTORIES = ("keep-thinking", "drop-thinking", "r2egym")
+# Any of them `+mask-observations[=M]` (or that alone): observation masking (history.py).
+HISTORIES = REPLY_RULES
 PATCH_RULES = ("full", "r2egym")  # the graded patch: the whole diff, or R2E-Gym's .py / str_replace rule
 BY_SCAFFOLD = "scaffold"  # a field left to the scaffold: what the protocol itself does
 # What each protocol does where a field is left to it. R2E-Gym's (docs/deepswe.md): no per-reply cap
@@ -54,7 +56,9 @@ class AgentConfig:
     repo_dir: str | None = None  # path the prompts name; None = the environment's `workdir`, else /testbed
     stop: tuple[str, ...] | str = BY_SCAFFOLD  # stop strings of every reply (the scaffold's one rule)
     scaffold: str = "kvagent"  # protocol profile: kvagent | r2egym (R2E-Gym's evaluation, docs/deepswe.md)
-    history: str = BY_SCAFFOLD  # keep-thinking | drop-thinking | r2egym (how past replies stay in the cache)
+    # keep-thinking | drop-thinking | r2egym (how past replies stay in the cache), each optionally
+    # `+mask-observations[=M]` (only the newest M observations stay whole; history.py)
+    history: str = BY_SCAFFOLD
     patch_rule: str = BY_SCAFFOLD  # full | r2egym: which patch is graded (both are recorded)
     prompts: str | None = None  # YAML prompt file (system_prompt, instance_prompt, ...); None = kvagent's
     r2egym_path: str | None = None  # a checkout of R2E-Gym: its prompt file and hard-coded strings
@@ -78,9 +82,7 @@ class AgentConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name}: must be >= 1, got {value}")
-        if self.history not in HISTORIES:
-            raise ConfigError(f"history: got {self.history!r}; choose one of {', '.join(HISTORIES)}")
-        if self.history == "r2egym" and self.scaffold != "r2egym":
+        if self.rules.reply == "r2egym" and self.scaffold != "r2egym":
             raise ConfigError(
                 "history: r2egym re-renders replies as R2E-Gym reads them; use it with --scaffold r2egym"
             )
@@ -114,6 +116,11 @@ class AgentConfig:
             )
         object.__setattr__(self, "stop", tuple(self.stop))
         self.sampling()  # temperature, top_p, top_k: a bad one fails here, not at the first reply
+
+    @property
+    def rules(self) -> History:
+        """The history setting parsed: the reply rule and observation masking's M (checked once)."""
+        return parse_history(self.history)
 
     def _read_texts(self) -> tuple[tuple[str, str], ...]:
         """The checkout's texts (--r2egym), overridden key by key by the prompt file's (--prompts)."""

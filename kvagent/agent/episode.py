@@ -26,6 +26,9 @@ class Turn:
     observation: str | None = None
     observation_tokens: int = 0
     thinking_forgotten: int = 0  # history=drop-thinking: this reply's tokens forgotten from the cache
+    # history=...+mask-observations: tokens of older observations forgotten (persistent) or cut by
+    # their placeholder (reprefill) before this turn's observation was fed
+    observations_masked: int = 0
     rewound: int = 0  # history=r2egym: stream tokens taken back to put R2E-Gym's rendering of the reply
     fed: bool = False  # observation appended to the session (not after the episode's last step)
     logical_length: int = 0  # after this turn's tokens were fed

@@ -21,6 +21,7 @@ from kvagent.agent.episode import (
     Turn,
     cache_summary,
 )
+from kvagent.agent.history import ObservationMask
 from kvagent.agent.interfaces import Environment, ModelSession
 from kvagent.agent.parser import ToolCall
 from kvagent.agent.scaffold import make_scaffold
@@ -59,6 +60,8 @@ class Agent:
         self._last_reply_ids: list[int] = []
         self.first_step = 0  # turns before the current request (chat); step limits count from here
         self._prepared = False  # the scaffold's set-up of the environment (Scaffold.prepare) done
+        keep = self.config.rules.keep  # history=...+mask-observations: the newest `keep` stay whole
+        self.mask = ObservationMask(keep, self.render) if keep is not None else None
 
     def run(self, issue_text: str) -> EpisodeResult:
         if self.messages or self.turns:
@@ -213,10 +216,13 @@ class Agent:
     def _observe(self, turn: Turn) -> str | None:
         text = self.scaffold.attach(turn.observation or "", self._notice())
         t = time.perf_counter()
+        self._mask_observations(turn)
         status, fed = self._next_user_turn(text, turn)
         turn.append_s = time.perf_counter() - t
         if status is None:
             turn.observation, turn.observation_tokens, turn.fed = text, fed, True
+            if self.mask is not None:
+                self.mask.track(self.session, text, self.session.history[-fed:])
             self.messages.append({"role": "user", "content": text})
             self._record_cache(turn)
             self._emit("observation", turn)
@@ -226,7 +232,7 @@ class Agent:
         """Feed the user turn `text` after the last reply, the history rule applied to that reply
         first (once): drop-thinking forgets its reasoning; r2egym puts R2E-Gym's rendering of it in
         its place. (status, tokens appended)."""
-        if self.config.history == "r2egym" and self._reply_start >= 0 and turn is not None:
+        if self.config.rules.reply == "r2egym" and self._reply_start >= 0 and turn is not None:
             return self._rerender_reply(text, turn)
         forgotten = self._drop_thinking()
         if turn is not None and forgotten:
@@ -273,7 +279,7 @@ class Agent:
 
     def _drop_thinking(self) -> int:
         """history=drop-thinking: forget the last reply's reasoning before the next user turn (once)."""
-        if self.config.history != "drop-thinking" or not self._last_reply_ids or self._reply_start < 0:
+        if self.config.rules.reply != "drop-thinking" or not self._last_reply_ids or self._reply_start < 0:
             return 0
         before = self.session.logical_length
         n = forget_thinking(self.session, self._reply_start, self._last_reply_ids, self.tokenizer)
@@ -281,6 +287,20 @@ class Agent:
         # persistent mode keeps positions (the stream length stays); reprefill mode shortens the stream
         self.forgotten += n - (before - self.session.logical_length)
         return n
+
+    def _mask_observations(self, turn: Turn) -> None:
+        """history=...+mask-observations: before an observation is fed, the one it pushes out of the
+        newest M leaves (persistent: forgotten; reprefill: re-rendered as the placeholder line)."""
+        if self.mask is None:
+            return
+        if not hasattr(self.session, "forget") or not hasattr(self.session, "rewind"):
+            raise KvagentError("history=mask-observations needs a session with forget() and rewind()")
+        before = self.session.logical_length
+        forgotten, shrunk = self.mask.mask_before_next(self.session)
+        self.forgotten += forgotten
+        turn.observations_masked = forgotten + shrunk
+        if shrunk and self._reply_start > 0:  # the reply follows the re-rendered observation
+            self._reply_start -= before - self.session.logical_length
 
     def _record_cache(self, turn: Turn) -> None:
         turn.logical_length = self.session.logical_length
@@ -294,7 +314,10 @@ class Agent:
             return {}, f"diff failed: {type(e).__name__}: {e}"
         workdir = self.config.repo_dir or getattr(self.env, "workdir", None) or "/testbed"
         edited = r2egym.edited_paths([t.call for t in self.turns], workdir)
-        return {"full": full, "r2egym": r2egym.graded_patch(full, edited)}, None
+        return {
+            "full": full,
+            "r2egym": r2egym.graded_patch(r2egym.output_patch(self.env, full), edited),
+        }, None
 
     def _emit(self, kind: str, turn: Turn | None = None, exit_status: str | None = None) -> None:
         if self.on_event is None:
