@@ -18,6 +18,7 @@ KEEP_LINES = 40  # execute_bash output longer than 2 x 40 lines keeps 40 + 40
 DIVIDER = "-" * 50
 TRUNCATED = "<Observation truncated in middle for saving context>"
 TIMEOUT_EXIT = 124  # `timeout`'s exit status; R2E-Gym reads it (from any command) as a timeout
+PATCH_TIMEOUT = 120  # R2E-Gym's CMD_TIMEOUT, which its end-of-episode `get_patch` runs under
 
 # First `<function=` to the first `</function>` after it (non-greedy, across lines).
 _BLOCK = re.compile(r"(?s)<function=.*?</function>")
@@ -26,8 +27,6 @@ _PARAM = re.compile(r"(?s)<parameter\s*=\s*([^>]+)>(.*?)</parameter>")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m|\r")
 _ISSUE = re.compile(r"(?s)\[ISSUE\](.*)\[/ISSUE\]")
 _THOUGHT = re.compile(r"(?s)<think>.*?</think>")  # the first <think> block, as R2E-Gym keeps it
-_SECTION = re.compile(r"^diff --git ", re.MULTILINE)
-_FILE_LINE = re.compile(r"^(?:\+\+\+ b/|--- a/)(.*)$", re.MULTILINE)
 THINK_END = "</think>"
 
 
@@ -164,28 +163,98 @@ def edited_paths(calls: list[dict[str, Any] | None], workdir: str = "/testbed") 
     return out
 
 
+def output_patch(env: Any, full: str) -> str:
+    """R2E-Gym's `output_patch`: `git add -A && git diff --cached` run as its runtime runs any command
+    (`DockerRuntime.get_patch`): git's defaults, so renames are detected and non-ASCII paths quoted;
+    stdout and stderr together; on success carriage returns removed, so a CRLF file's section no
+    longer applies (odd). `env.r2egym_diff` runs it (sandbox.Sandbox); an environment without it (a
+    test double) gives `full` with its carriage returns removed."""
+    run = getattr(env, "r2egym_diff", None)
+    if run is None:
+        return full.replace("\r", "")
+    return runtime_output(run(PATCH_TIMEOUT), PATCH_TIMEOUT)[0]
+
+
 def graded_patch(patch: str, edited: list[str]) -> str:
-    """R2E-Gym's submitted patch (its `true_output_patch`): the diff's sections for `.py` files
-    only, and of those only the `edited` ones when any str_replace was made (all `.py` files when
-    none was). The sections are kept as the diff wrote them."""
-    return "".join(
-        text
-        for path, text in _file_sections(patch)
-        if path.endswith(".py") and (not edited or path in edited)
-    )
+    """R2E-Gym's submitted patch (its `true_output_patch`) from its `output_patch`: each file section
+    parsed and written back (R2E-Gym's ParsedCommit), `.py` files only, and of those only the
+    `edited` ones when any str_replace was made (all `.py` files when none was). A diff its parser
+    refuses (a rename, a header line it does not know) gives the whole `patch` instead, as R2E-Gym
+    falls back to its `output_patch`."""
+    try:
+        sections = _parse_sections(patch)
+    except ValueError:
+        return patch
+    return "".join(text for path, text in sections if path.endswith(".py") and (not edited or path in edited))
 
 
-def _file_sections(patch: str) -> list[tuple[str, str]]:
-    """(path, section text) per file of a `git diff` (the new path; the old one for a deletion)."""
-    starts = [m.start() for m in _SECTION.finditer(patch)]
-    sections = []
-    for i, start in enumerate(starts):
-        text = patch[start : starts[i + 1] if i + 1 < len(starts) else len(patch)]
-        names = [n for n in _FILE_LINE.findall(text.split("\n@@", 1)[0]) if n != "/dev/null"]
-        if names:
-            path = names[-1]  # +++ b/ comes after --- a/
-        else:  # no ---/+++ lines (mode change, empty file): `diff --git a/P b/P`
-            head = text.split("\n", 1)[0]
-            path = head[head.rfind(" b/") + 3 :] if " b/" in head else ""
-        sections.append((path.strip('"'), text))
-    return sections
+_HEADER = re.compile(r'diff --git (?:")?a/([^"]+)(?:")? (?:")?b/([^"]+)(?:")?')
+_HUNK = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)")
+_MODES = ("old mode", "new mode", "deleted file mode", "new file mode")
+
+
+def _parse_sections(patch: str) -> list[tuple[str, str]]:
+    """(path, section as R2E-Gym writes it back) per file of a diff, read line by line as R2E-Gym's
+    CommitParser reads it; ValueError where it raises. Facts of that parser kept: a section's old
+    and new paths must be equal (no renames); quotes around a path are dropped, its escapes kept;
+    outside a hunk only index, mode, ---/+++, `Binary files` and empty lines are allowed; inside one,
+    a line that is no context, +, - or \\ note is dropped; and the empty string after the diff's last
+    newline is read as one more context line of the last hunk (it is written back as " ")."""
+    files: list[dict[str, Any]] = []
+    for line in patch.split("\n"):
+        if line.startswith("diff --git"):
+            m = _HEADER.match(line)
+            if not m:
+                raise ValueError(f"invalid diff header: {line}")
+            if m.group(1) != m.group(2):
+                raise ValueError(f"renamed {m.group(1)} -> {m.group(2)}: not supported")
+            files.append({"path": m.group(1), "misc": [], "index": "", "binary": "", "minus": None,
+                          "plus": None, "hunks": []})  # fmt: skip
+            continue
+        if not files:
+            continue  # before the first section (a warning on stderr): ignored
+        f = files[-1]
+        if line.startswith("@@ "):
+            h = _HUNK.match(line)
+            if not h:
+                raise ValueError(f"invalid hunk header: {line}")
+            old, old_n, new, new_n, section = h.groups()
+            head = f"@@ -{_range(old, old_n)} +{_range(new, new_n)} @@"
+            section = section.lstrip()
+            f["hunks"].append([head + (f" {section}" if section else "")])
+        if not f["hunks"]:
+            if line.startswith("index"):
+                parts = line.split()
+                hashes = parts[1].split("..") if len(parts) > 1 else []
+                if len(hashes) != 2:
+                    raise ValueError(f"invalid index line: {line}")
+                mode = f" {parts[2]}" if len(parts) > 2 else ""
+                f["index"] = f"index {hashes[0]}..{hashes[1]}{mode}\n"
+            elif line.startswith(_MODES):
+                f["misc"].append(line)
+            elif line.startswith("+++ "):
+                f["plus"] = line[4:]
+            elif line.startswith("--- "):
+                f["minus"] = line[4:]
+            elif line.startswith("Binary files"):
+                f["binary"] = line + "\n"
+            elif line != "":
+                raise ValueError(f"unexpected line: {line}")
+        elif not line.startswith("@@ "):
+            if line == "" or line.startswith((" ", "-", "+")):
+                f["hunks"][-1].append((line[:1] or " ") + line[1:])
+            elif line.startswith("\\"):
+                f["hunks"][-1].append("\\ " + line[2:])
+    return [(f["path"], _write_section(f)) for f in files]
+
+
+def _range(start: str, length: str | None) -> str:
+    return f"{int(start)},{int(length)}" if length else f"{int(start)}"
+
+
+def _write_section(f: dict[str, Any]) -> str:
+    out = f"diff --git a/{f['path']} b/{f['path']}\n"
+    out += "".join(f"{m}\n" for m in f["misc"]) + f["index"] + f["binary"]
+    if f["minus"] is not None and f["plus"] is not None:
+        out += f"--- {f['minus']}\n+++ {f['plus']}\n"
+    return out + "".join(f"{line}\n" for hunk in f["hunks"] for line in hunk)

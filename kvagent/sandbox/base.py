@@ -6,12 +6,13 @@ A backend implements four primitives (`_exec`, `read_bytes`, `write_bytes`, `_cl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import shlex
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,6 +207,34 @@ class Sandbox(ABC):
         if r.exit_code != 0:
             raise SandboxError(f"git diff failed in the sandbox: {r.output.strip()[-300:]}")
         return gitdiff.drop_binary(decode(self.read_bytes(out)))
+
+    def r2egym_diff(self, timeout: float = 120) -> Result:
+        """R2E-Gym's end-of-episode patch command, run as its runtime runs it (`get_patch`: `timeout T
+        git add -A && git diff --cached` under /bin/sh in workdir, `PATH` alone set, git's own
+        defaults: renames detected, output raw) on a copy of the index, so the tree's `git status` stays
+        as the model left it. The output (stdout and stderr) is read from a file, uncapped; the agent
+        applies R2E-Gym's rules to it (agent/r2egym.py, `output_patch`)."""
+        self._check_open()
+        with self._scratch() as scratch:
+            out, index = (shlex.quote(f"{scratch}/r2egym.{ext}") for ext in ("patch", "index"))
+            git = "git -c safe.directory='*'"  # the copy may belong to another uid; output unchanged
+            line = (
+                f'real="$({git} rev-parse --git-path index)"; rm -f {index}; '
+                f'[ ! -f "$real" ] || cp -p "$real" {index}; export GIT_INDEX_FILE={index}; '
+                f"{{ timeout {timeout:g} {git} add -A && {git} diff --cached; }} > {out} 2>&1; "
+                f"rc=$?; rm -f {index}; exit $rc"
+            )
+            r = self._exec_plain(["/bin/sh", "-c", line], timeout + TOOL_GRACE_S, self._command_path())
+            try:
+                text = decode(self.read_bytes(f"{scratch}/r2egym.patch"))
+            except FileNotFoundError:
+                text = r.output
+        return Result(r.exit_code, text, r.timed_out)
+
+    @contextlib.contextmanager
+    def _scratch(self) -> Iterator[str]:
+        """A directory for kvagent's own files of one operation (the state dir here)."""
+        yield self.state_dir
 
     def close(self) -> None:
         if not self._closed:

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import types
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,92 @@ def test_observations_are_r2egyms_byte_for_byte(tmp_path):
             assert mine.replace(sb.workdir, "/testbed") == want.replace(str(ref), "/testbed"), (name, params)
         diff = sb.run("git diff").output
     assert diff == subprocess.run(["git", "diff"], cwd=ref, capture_output=True, text=True).stdout
+
+
+def class_functions(path: Path, cls_name: str, names: tuple[str, ...], ns: dict) -> dict:
+    """The named methods of a class in one of the checkout's modules, compiled alone (decorators
+    dropped) in `ns`: the parts of R2E-Gym's code a test needs without its module's imports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
+    fns = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    for fn in fns:
+        fn.decorator_list = []
+    exec(compile(ast.Module(body=fns, type_ignores=[]), path.name, "exec"), ns)
+    return {name: ns[name] for name in names}
+
+
+def r2egym_patch_code(root: Path, run):
+    """(get_patch, Trajectory): `DockerRuntime.get_patch` over the checkout's `run`, and a stand-in
+    Trajectory whose `output_patch`, `editor_files`, `parsed_pred_commit` and `true_output_patch`
+    are the checkout's own methods (its CommitParser and ParsedCommit included)."""
+    sys.path.insert(0, str(root / "src"))
+    try:
+        from r2egym.agenthub.action import Action
+        from r2egym.commit_models.parse_diff import CommitParser
+    finally:
+        sys.path.remove(str(root / "src"))
+    src = root / "src/r2egym/agenthub"
+    runtime = class_functions(src / "runtime/docker.py", "DockerRuntime", ("get_patch",), {})
+    names = ("editor_files", "parsed_pred_commit", "true_output_patch")
+    traj = class_functions(src / "trajectory/trajectory.py", "Trajectory", names, {
+        "CommitParser": CommitParser, "datetime": datetime, "Action": Action})  # fmt: skip
+    runtime_cls = type("Runtime", (), {"run": run, "get_patch": runtime["get_patch"]})
+    return runtime_cls, type("Trajectory", (), {n: property(f) for n, f in traj.items()}), Action
+
+
+PATCH_RAW = {
+    "weird.py": b"def w():\n    return 1\n" * 5,
+    "crlf.py": b"a = 1\r\nb = 2\r\n",
+    "latin.py": "# caf\xe9\nx = 1\n".encode("latin-1"),
+    "README.md": b"hello\n",
+}
+PATCH_EDITS = (
+    "printf 'q = 1\\n' > q.py; printf 'a = 1\\r\\nb = 3\\r\\n' > crlf.py; "
+    "printf '# caf\\351\\nx = 2\\n' > latin.py; echo more >> README.md"
+)
+
+
+@pytest.mark.parametrize(
+    ("rename", "edited"),
+    [
+        (True, []),  # the rename: R2E-Gym's parser refuses it, the whole diff is graded
+        (False, []),  # every .py file, each section written back by its parser
+        (False, ["/testbed/crlf.py", "/testbed/README.md"]),  # the str_replaced .py file only
+        (False, ["/testbed/q.py"]),  # the diff's last section kept: its trailing blank context line
+    ],
+)
+def test_graded_patch_is_r2egyms(tmp_path, rename, edited):
+    """kvagent's r2egym graded patch of a scratch repository (weird.py renamed or not, a new q.py, a
+    CRLF and a Latin-1 file edited) equals R2E-Gym's `true_output_patch` over its `get_patch`, both
+    from the checkout, on a copy edited the same way."""
+    from kvagent.agent import r2egym
+
+    root = Path(CHECKOUT).expanduser()
+    _, _, run = r2egym_code(root)
+    runtime_cls, trajectory_cls, Action = r2egym_patch_code(root, run)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for rel, data in PATCH_RAW.items():
+        (repo / rel).write_bytes(data)
+    make_repo(repo, {})
+    ref = tmp_path / "ref"
+    shutil.copytree(repo, ref)
+    edits = ("mv weird.py weird2.py; " if rename else "") + PATCH_EDITS
+    subprocess.run(["sh", "-c", edits], cwd=ref, check=True)
+    runtime = runtime_cls()
+    runtime.backend, runtime.repo_path = "docker", str(ref)
+    runtime.container = HostContainer(tmp_path, [])
+    runtime.logger = types.SimpleNamespace(error=lambda *a: None)
+    traj = trajectory_cls()
+    traj.output_patch, traj.ds = runtime.get_patch(), {}
+    actions = [
+        Action(function_name="file_editor", parameters={"command": "str_replace", "path": p}) for p in edited
+    ]
+    traj.trajectory_steps = [types.SimpleNamespace(action=a.to_xml_string()) for a in actions]
+    with open_sandbox("local", repo=repo) as sb:
+        sb.run(edits)
+        full = sb.diff()
+        mine = r2egym.graded_patch(r2egym.output_patch(sb, full), r2egym.edited_paths(
+            [{"name": "file_editor", "params": {"command": "str_replace", "path": p}} for p in edited]))  # fmt: skip
+    assert mine == traj.true_output_patch
+    assert ("rename from weird.py" in mine) == rename
