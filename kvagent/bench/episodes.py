@@ -32,6 +32,7 @@ class Episode:
     messages: list[dict[str, str]]
     probe: Probe | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    extra_probes: tuple[Probe, ...] = ()  # more planted facts (the segments study's fact in a reply)
 
 
 DEFAULT_FACT = ("the deploy key is", "7319-AXQ")

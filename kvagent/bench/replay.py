@@ -48,6 +48,9 @@ class ReplayResult:
     capacity: int | None = None
     wall_s: float = 0.0
     reference: Reference | None = None
+    # the stream's extra planted facts (Stream.extra_probes), each asked on a copy of the session:
+    # {"retrieved", "logp", "text"} per probe
+    extra_probes: list[dict] = field(default_factory=list)
 
 
 def scored_targets(stream: Stream) -> list[int]:
@@ -62,10 +65,13 @@ def replay(
     probe: bool = True,
     progress: Callable[[int], None] | None = None,
     reuse_prefix: bool = False,
+    before_append: Callable[[object, int, list[int]], list[int]] | None = None,
 ) -> ReplayResult:
     """`on_logits(i, logits, target)` for the i-th scored token. Returns probe results and stats.
     `reuse_prefix`: a reprefill run's rebuilds start from the previous one's dense state
-    (`Session.reuse_prefix`): the same logits, fewer forwards, so its time is not the protocol's."""
+    (`Session.reuse_prefix`): the same logits, fewer forwards, so its time is not the protocol's.
+    `before_append(session, stream_position, ids)`: the ids to append in the segment's place (after
+    what it does to the session: observation masking, bench/masking.py)."""
     result = ReplayResult()
     session = engine.session(config)
     session.reuse_prefix = reuse_prefix
@@ -74,9 +80,11 @@ def replay(
     t0 = time.perf_counter()
     i = 0
     last: torch.Tensor | None = None
+    pos = 0
     for seg in stream.segments:
         if seg.kind == "append":
-            last = session.append(list(seg.ids))
+            ids = list(seg.ids) if before_append is None else before_append(session, pos, list(seg.ids))
+            last = session.append(ids)
         else:
             # Teacher forcing: batched, but the same logits and rounds as one `step` per token.
             rows = session.teacher_force(list(seg.ids))
@@ -85,17 +93,24 @@ def replay(
                 i += 1
             last = rows[-1]
         result.memory.append((session.logical_length, session.stats.max_entries))
+        pos += len(seg.ids)
         if progress:
             progress(len(seg.ids))
     if probe and stream.probe is not None:
-        _probe(engine, session, stream, result)
+        for extra in stream.extra_probes:  # each on a copy: the same cache the first probe reads
+            branch = copy.deepcopy(session, {id(session.engine): session.engine})
+            asked = ReplayResult()
+            _probe(engine, branch, extra, asked)
+            result.extra_probes.append(
+                {"retrieved": asked.probe_retrieved, "logp": asked.probe_logp, "text": asked.probe_text}
+            )
+        _probe(engine, session, stream.probe, result)
     result.wall_s = time.perf_counter() - t0
     result.stats = session.stats.to_dict()
     return result
 
 
-def _probe(engine, session, stream: Stream, result: ReplayResult) -> None:
-    p = stream.probe
+def _probe(engine, session, p, result: ReplayResult) -> None:
     session.append(list(p.question))
     last = None
     for tok in p.prefix:
@@ -160,7 +175,7 @@ def compare(ref: Reference, logits: torch.Tensor, i: int, target: int) -> tuple[
 
 
 def policy_run(engine, stream: Stream, config: CacheConfig, ref: Reference, progress=None, probe=True,
-               reuse_prefix: bool = False):  # fmt: skip
+               reuse_prefix: bool = False, before_append=None):  # fmt: skip
     res_kl, res_agree, res_lp = [], [], []
 
     def cmp(i, logits, target):
@@ -169,6 +184,7 @@ def policy_run(engine, stream: Stream, config: CacheConfig, ref: Reference, prog
         res_agree.append(agree)
         res_lp.append(lp)
 
-    res = replay(engine, stream, config, cmp, probe=probe, progress=progress, reuse_prefix=reuse_prefix)
+    res = replay(engine, stream, config, cmp, probe=probe, progress=progress, reuse_prefix=reuse_prefix,
+                 before_append=before_append)  # fmt: skip
     res.kl, res.agree, res.logp_true = res_kl, res_agree, res_lp
     return res

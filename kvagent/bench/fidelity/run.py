@@ -13,6 +13,7 @@ from pathlib import Path
 from kvagent.bench import replay as rp
 from kvagent.bench.fidelity.shared_results import SharedResults, read_records
 from kvagent.bench.fidelity.tables import fidelity_markdown
+from kvagent.bench.masking import history_of, masker_for
 from kvagent.bench.progress import NoProgress
 from kvagent.bench.reference_cache import fill_references
 from kvagent.bench.stream import Stream
@@ -75,7 +76,9 @@ def record_key(rec: dict) -> tuple:
     lacks has the value it ran with) and the policy's layer schedule (a record without one ran the
     uniform split: a pyramidkv record from before its paper schedule is not today's run)."""
     spec = RunSpec.from_record(rec)
-    return rec.get("episode"), rec.get("digest"), rec.get("model"), spec, rec.get("schedule", "uniform")
+    key = rec.get("episode"), rec.get("digest"), rec.get("model"), spec, rec.get("schedule", "uniform")
+    # a replay under observation masking (bench/masking.py) is another run; records without it ran none
+    return (*key, rec["history"]) if rec.get("history") else key
 
 
 def schedule_of(spec: RunSpec) -> str:
@@ -131,7 +134,18 @@ def summarise(spec: RunSpec, stream: Stream, model: str, res: rp.ReplayResult, r
         "scoring_s": st.get("scoring_s"),
         "compaction_s": st.get("compaction_s"),
         "wall_s": res.wall_s,
+        "kv_mean": kv_mean(stream, res),
+        **({"extra_probes": res.extra_probes} if res.extra_probes else {}),
     }
+
+
+def kv_mean(stream: Stream, res: rp.ReplayResult) -> float | None:
+    """The run's mean KV entries over the episode: the fullest layer's entries after each segment,
+    weighted by the segment's tokens (what the segments study matches budgets on)."""
+    sizes = [len(s.ids) for s in stream.segments]
+    if len(res.memory) < len(sizes) or not sum(sizes):
+        return None
+    return sum(n * e for n, (_, e) in zip(sizes, res.memory, strict=False)) / sum(sizes)
 
 
 Grid = Sequence[RunSpec] | Callable[[Stream], Sequence[RunSpec]]
@@ -219,7 +233,7 @@ def run_fidelity(
 
     def _run(stream: Stream, s: RunSpec, bar) -> dict:
         ref = refs[stream.digest()]
-        if s.policy == "full":
+        if s.policy == "full" and not history_of(s):
             res = ref
         else:
             # A batched engine's session with a token budget holds a pool slot, which cannot be
@@ -233,6 +247,7 @@ def run_fidelity(
                 progress=bar.advance,
                 probe=probe,
                 reuse_prefix=reuse_prefix,
+                before_append=masker_for(stream, s),
             )
         ref_lp = statistics.fmean(ref.logp_true) if ref.logp_true else float("nan")
         rec = summarise(s, stream, model_name, res, ref_lp)
