@@ -145,6 +145,7 @@ class Sandbox(ABC):
         bad = [k for k, v in params.items() if not isinstance(k, str) or not isinstance(v, str)]
         if bad:
             raise SandboxError(f"tool parameters must be str -> str; fix {bad}")
+        self._prepare_tools()
         blob = json.dumps(params)
         env = {"KVAGENT_TOOL_TIMEOUT": repr(float(timeout)), "KVAGENT_STATE_DIR": self.state_dir}
         script = shlex.quote(f"{self.tools_dir}/{name}.py")
@@ -202,11 +203,12 @@ class Sandbox(ABC):
     def diff(self) -> str:
         """Patch of the working tree against the base commit (new files included, binaries left out)."""
         self._check_open()
-        out = f"{self.state_dir}/diff.patch"  # overwritten each call
-        r = self._exec(["bash", "-c", gitdiff.diff_script(self.base_commit, out)], 300, 64 * 1024)
-        if r.exit_code != 0:
-            raise SandboxError(f"git diff failed in the sandbox: {r.output.strip()[-300:]}")
-        return gitdiff.drop_binary(decode(self.read_bytes(out)))
+        with self._scratch() as scratch:
+            out = f"{scratch}/diff.patch"  # overwritten each call
+            r = self._exec(["bash", "-c", gitdiff.diff_script(self.base_commit, out)], 300, 64 * 1024)
+            if r.exit_code != 0:
+                raise SandboxError(f"git diff failed in the sandbox: {r.output.strip()[-300:]}")
+            return gitdiff.drop_binary(decode(self.read_bytes(out)))
 
     def r2egym_diff(self, timeout: float = 120) -> Result:
         """R2E-Gym's end-of-episode patch command, run as its runtime runs it (`get_patch`: `timeout T
@@ -230,6 +232,9 @@ class Sandbox(ABC):
             except FileNotFoundError:
                 text = r.output
         return Result(r.exit_code, text, r.timed_out)
+
+    def _prepare_tools(self) -> None:  # noqa: B027 - a container copies kvagent's tools in lazily
+        """Make kvagent's tool scripts and state dir available (before the first `run_tool`)."""
 
     @contextlib.contextmanager
     def _scratch(self) -> Iterator[str]:

@@ -68,7 +68,8 @@ def help_script(runners: Mapping[str, str]) -> str:
 
 
 def command_line(runners: Mapping[str, str], cmd: str, timeout: float) -> str:
-    """`timeout T CMD`, the first word of CMD swapped for how that command runs here (an installed
-    command without its interpreter runs through the sandbox's)."""
+    """`timeout T CMD ` as R2E-Gym's runtime writes it (its empty `args` leave a trailing space, which
+    a model's `ps` shows), the first word of CMD swapped for how that command runs here (an
+    installed command without its interpreter runs through the sandbox's)."""
     first, sep, rest = cmd.partition(" ")
-    return f"timeout {timeout:g} {runners.get(first, first)}{sep}{rest}"
+    return f"timeout {timeout:g} {runners.get(first, first)}{sep}{rest} "

@@ -1,8 +1,11 @@
 """Docker backend: one container per episode, repository at /testbed, no network by default.
 
-Every command runs under `timeout -s KILL`, which puts the command in its own process group;
-that whole group is killed at the deadline and when the command returns, so nothing it started
-in the background outlives it. The container is removed on close(), on an exception in a `with`
+PID 1 is `/bin/bash -l` with a tty, as in R2E-Gym's containers (docs/deepswe.md). kvagent's own
+commands run under `timeout -s KILL`, which puts the command in its own process group; that whole
+group is killed at the deadline and when the command returns, so nothing it started in the
+background outlives it. A command run as R2E-Gym's runtime runs one (`_exec_plain`) is exec'd as it
+is, its stdout and stderr docker's two streams, and what it leaves running stays until close, as
+there. kvagent's tools and state (/kvagent) are copied in at the first `run_tool`, not before. The container is removed on close(), on an exception in a `with`
 block, on Ctrl-C or SIGTERM (KeyboardInterrupt unwinds through close), and at interpreter exit;
 after a SIGKILL, its owner labels let the next sweep (kvagent.sandbox.owner) remove it.
 """
@@ -18,7 +21,7 @@ import tarfile
 import time
 import uuid
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from kvagent.sandbox import commands, owner
@@ -59,6 +62,13 @@ command -v python3 || command -v python || exit 1
 # (their `#!/root/.venv/bin/python`), so the r2egym tool scripts do too where it exists.
 TASK_PYTHON = "/root/.venv/bin/python"
 
+# PID 1: R2E-Gym's (`/bin/bash -l`, a tty, stdin open; bash reaps orphans as docker-init would); an
+# image without bash gets a keeper under docker-init instead.
+PID1_BASH = {"entrypoint": ["/bin/bash", "-l"], "tty": True, "stdin_open": True}
+PID1_KEEPER = {
+    "entrypoint": ["/bin/sh", "-c", "sleep infinity 2>/dev/null || while :; do sleep 3600; done"],
+    "init": True,
+}
 # Runs `timeout -s KILL T CMD...` in the background so its pid (= its process group: timeout
 # makes itself a group leader) is known, then kills that group once the command returns.
 GROUP_WRAPPER = (
@@ -148,19 +158,11 @@ class DockerSandbox(Sandbox):
         name = f"kvagent-{uuid.uuid4().hex[:12]}"
         self.container = None
         try:
-            self.container = self.client.containers.run(
-                image,
-                entrypoint=["/bin/sh", "-c", "sleep infinity 2>/dev/null || while :; do sleep 3600; done"],
-                command=[],
-                name=name,
-                detach=True,
-                init=True,  # reaps processes killed by timeouts
-                network_mode="bridge" if network else "none",
-                mem_limit=mem_limit,
-                pids_limit=pids_limit,
-                # The owner, so a sweep can remove the container once this process is gone.
-                labels={**(labels or {}), LABEL: "1", **owner.Owner.me().labels()},
-            )
+            try:
+                self.container = self._start(name, PID1_BASH, network, mem_limit, pids_limit, labels)
+            except self._errors.APIError:  # no /bin/bash in the image
+                self._remove(name)
+                self.container = self._start(name, PID1_KEEPER, network, mem_limit, pids_limit, labels)
             self._closed = False
             owner.track(self)
             self._provision(src)
@@ -170,6 +172,20 @@ class DockerSandbox(Sandbox):
             if isinstance(e, self._errors.DockerException):
                 raise SandboxError(f"docker: {_first_line(e)} (image {image})") from None
             raise
+
+    def _start(self, name, pid1, network, mem_limit, pids_limit, labels):
+        return self.client.containers.run(
+            self.image,
+            command=[],
+            name=name,
+            detach=True,
+            network_mode="bridge" if network else "none",
+            mem_limit=mem_limit,
+            pids_limit=pids_limit,
+            # The owner, so a sweep can remove the container once this process is gone.
+            labels={**(labels or {}), LABEL: "1", **owner.Owner.me().labels()},
+            **pid1,
+        )
 
     # --- set-up ---------------------------------------------------------------------------------
     def _ensure_image(self, pull: bool) -> None:
@@ -191,17 +207,7 @@ class DockerSandbox(Sandbox):
             ) from e
 
     def _provision(self, src: Path | None) -> None:
-        # every script of TOOLS_SRC, like the local backend: the tools import _toolkit.py from their directory
-        tools = {
-            f"{self.tools_dir[1:]}/{f.relative_to(TOOLS_SRC)}": f.read_bytes()
-            for f in sorted(TOOLS_SRC.rglob("*.py"))  # tools/r2egym/ too
-        }
-        subdirs = tuple(
-            f"{self.tools_dir[1:]}/{d.name}"
-            for d in sorted(TOOLS_SRC.iterdir())
-            if d.is_dir() and d.name != "__pycache__"
-        )
-        self._put("/", _tar(tools, dirs=(KV_DIR[1:], self.tools_dir[1:], *subdirs, self.state_dir[1:])))
+        self._tools_ready = False
         if src is not None:
             self._copy_in(src)
         r = self._exec_raw(["sh", "-c", f"test -d {shlex.quote(self.workdir)}"], 60)
@@ -219,6 +225,37 @@ class DockerSandbox(Sandbox):
             probe = self._exec_raw(["sh", "-c", SETUP_PROBE.format(wd=shlex.quote(self.workdir))], 60)
             self.setup = probe.output.strip()
         self._init_repo_state()
+
+    def _prepare_tools(self) -> None:
+        """kvagent's tool scripts and state dir, copied in at the first tool call: a sandbox that runs
+        only R2E-Gym's commands shows no /kvagent, as R2E-Gym's containers have none."""
+        if self._tools_ready:
+            return
+        # every script of TOOLS_SRC, like the local backend: the tools import _toolkit.py from their directory
+        tools = {
+            f"{self.tools_dir[1:]}/{f.relative_to(TOOLS_SRC)}": f.read_bytes()
+            for f in sorted(TOOLS_SRC.rglob("*.py"))  # tools/r2egym/ too
+        }
+        subdirs = tuple(
+            f"{self.tools_dir[1:]}/{d.name}"
+            for d in sorted(TOOLS_SRC.iterdir())
+            if d.is_dir() and d.name != "__pycache__"
+        )
+        self._put("/", _tar(tools, dirs=(KV_DIR[1:], self.tools_dir[1:], *subdirs, self.state_dir[1:])))
+        self._tools_ready = True
+
+    @contextlib.contextmanager
+    def _scratch(self) -> Iterator[str]:
+        """The state dir for one of kvagent's own operations (a diff); made for it and removed after
+        when kvagent's tools have not been copied in."""
+        if self._tools_ready:
+            yield self.state_dir
+            return
+        self._exec_raw(["mkdir", "-p", self.state_dir], 60)
+        try:
+            yield self.state_dir
+        finally:
+            self._exec_raw(["rm", "-rf", KV_DIR], 60)
 
     def _copy_in(self, src: Path) -> None:
         tmp = owner.make_dir()  # swept like a local sandbox's if this process is killed here
@@ -238,12 +275,16 @@ class DockerSandbox(Sandbox):
         self, argv, timeout, max_output=DEFAULT_MAX_OUTPUT, env=None, workdir="/", plain=False
     ) -> Result:
         """exec in the container under `timeout -s KILL` (which kills the command's whole group);
-        `plain`: only `env` on top of the image's own environment."""
+        `plain`: R2E-Gym's way, argv exec'd as it is (no group kill, separate streams) with only `env`
+        on top of the image's own environment."""
         api = self.client.api
         env = {**({} if plain else {"LANG": "C.UTF-8", **BASE_ENV}), **(env or {})}
-        # stderr joins stdout inside the container: docker ships the two streams separately and
-        # their interleaving would otherwise depend on timing, not on the order they were written.
-        wrapped = ["sh", "-c", GROUP_WRAPPER, "sh", f"{max(timeout, 0.001):.3f}", *argv]
+        if plain:  # as R2E-Gym's exec_run: the command as it is, stdout and stderr docker's two streams
+            wrapped = list(argv)
+        else:
+            # stderr joins stdout inside the container: docker ships the two streams separately and
+            # their interleaving would otherwise depend on timing, not on the order they were written.
+            wrapped = ["sh", "-c", GROUP_WRAPPER, "sh", f"{max(timeout, 0.001):.3f}", *argv]
         exec_id = api.exec_create(self.container.id, wrapped, workdir=workdir, environment=env)["Id"]
         start = time.monotonic()
         stream = api.exec_start(exec_id, stream=True)
