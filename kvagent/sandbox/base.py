@@ -208,7 +208,17 @@ class Sandbox(ABC):
             r = self._exec(["bash", "-c", gitdiff.diff_script(self.base_commit, out)], 300, 64 * 1024)
             if r.exit_code != 0:
                 raise SandboxError(f"git diff failed in the sandbox: {r.output.strip()[-300:]}")
-            return gitdiff.drop_binary(decode(self.read_bytes(out)))
+            data = self.read_bytes(out)
+            undecodable = gitdiff.undecodable_paths(data)
+            if undecodable:  # their sections as git binary patches (ASCII), so the patch applies
+                attrs = f"{scratch}/binary.attributes"
+                self.write_bytes(attrs, gitdiff.binary_attributes(undecodable).encode("utf-8"))
+                script = gitdiff.diff_script(self.base_commit, out, attrs, tuple(undecodable))
+                r = self._exec(["bash", "-c", script], 300, 64 * 1024)
+                if r.exit_code != 0:
+                    raise SandboxError(f"git diff failed in the sandbox: {r.output.strip()[-300:]}")
+                data = gitdiff.splice(data, self.read_bytes(out))
+            return gitdiff.drop_binary(decode(data))
 
     def r2egym_diff(self, timeout: float = 120) -> Result:
         """R2E-Gym's end-of-episode patch command, run as its runtime runs it (`get_patch`: `timeout T

@@ -27,11 +27,18 @@ fi
 """
 
 
-def diff_script(base_commit: str, out_path: str) -> str:
-    """Write `git diff BASE` of the whole working tree (untracked files too) to out_path."""
+def diff_script(
+    base_commit: str, out_path: str, binary_attrs: str | None = None, paths: tuple[str, ...] = ()
+) -> str:
+    """Write `git diff BASE` of the whole working tree (untracked files too) to out_path; with
+    `binary_attrs` (an attributes file, `binary_attributes`) only `paths`, as git binary patches."""
     if not re.fullmatch(r"[0-9a-f]{40,64}", base_commit):
         raise ValueError(f"bad base commit {base_commit!r}")
     out = shlex.quote(out_path)
+    git, extra = GIT, ""
+    if binary_attrs is not None:
+        git = f"{GIT} --literal-pathspecs -c core.attributesFile={shlex.quote(binary_attrs)}"
+        extra = " --binary -- " + " ".join(shlex.quote(p) for p in paths)
     return f"""set -e
 real_index="$({GIT} rev-parse --git-path index)"
 export GIT_INDEX_FILE="$(mktemp)"
@@ -40,8 +47,8 @@ trap 'rm -f "$GIT_INDEX_FILE"' EXIT
 # cp -p keeps the index mtime, which git's racy-entry check compares file mtimes against.
 if [ -f "$real_index" ]; then cp -p "$real_index" "$GIT_INDEX_FILE"; else {GIT} read-tree {base_commit}; fi
 {GIT} add -A
-{GIT} diff --cached {base_commit} --no-color --no-ext-diff --no-textconv --no-renames \\
-  --src-prefix=a/ --dst-prefix=b/ > {out}
+{git} diff --cached {base_commit} --no-color --no-ext-diff --no-textconv --no-renames \\
+  --src-prefix=a/ --dst-prefix=b/{extra} > {out}
 """
 
 
@@ -61,3 +68,55 @@ def drop_binary(patch: str) -> str:
         if not _BINARY.search(header):
             pieces.append(section)
     return "".join(pieces)
+
+
+def _sections(patch: bytes) -> list[bytes]:
+    starts = [m.start() for m in re.finditer(rb"^diff --git ", patch, re.MULTILINE)]
+    return [patch[: starts[0]] if starts else patch] + [
+        patch[s : starts[i + 1] if i + 1 < len(starts) else len(patch)] for i, s in enumerate(starts)
+    ]
+
+
+def _path(section: bytes) -> str | None:
+    """The path of a `--no-renames` section (`diff --git a/P b/P`), or None where it is quoted or
+    not UTF-8 (such a section stays as it is)."""
+    rest = section.split(b"\n", 1)[0][len(b"diff --git ") :]
+    n = (len(rest) - 5) // 2
+    if rest.startswith(b'"') or rest[:2] != b"a/" or rest[2 + n :] != b" b/" + rest[2 : 2 + n]:
+        return None
+    try:
+        return rest[2 : 2 + n].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def undecodable_paths(patch: bytes) -> list[str]:
+    """The files whose text section is not UTF-8 (a Latin-1 file): decoded to text, their bytes would
+    be lost and the patch would no longer apply."""
+    out = []
+    for section in _sections(patch)[1:]:
+        try:
+            section.decode("utf-8")
+        except UnicodeDecodeError:
+            path = _path(section)
+            if path is not None:
+                out.append(path)
+    return out
+
+
+def binary_attributes(paths: list[str]) -> str:
+    """A gitattributes file marking exactly these paths `binary` (patterns anchored, glob characters
+    escaped, C-quoted), so `git diff --binary` writes them as base85 git binary patches."""
+    lines = []
+    for p in paths:
+        pattern = "/" + re.sub(r"([*?\[\\])", r"\\\1", p)
+        lines.append('"' + pattern.replace("\\", "\\\\").replace('"', '\\"') + '" binary\n')
+    return "".join(lines)
+
+
+def splice(patch: bytes, binary: bytes) -> bytes:
+    """`patch` with each section that `binary` (the same diff of some files, as binary patches) has
+    a section for replaced by that one."""
+    by_path = {_path(s): s for s in _sections(binary)[1:]}
+    parts = _sections(patch)
+    return parts[0] + b"".join(by_path.get(_path(s), s) for s in parts[1:])

@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from kvagent.sandbox.gitdiff import drop_binary
+
+from .conftest import BACKENDS, open_backend
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -58,3 +62,40 @@ def test_drop_binary_keeps_text_sections():
     binary = "diff --git a/y.bin b/y.bin\nnew file mode 100644\nindex 0000000..1111111\nBinary files /dev/null and b/y.bin differ\n"
     assert drop_binary(text + binary + text) == text + text
     assert drop_binary("") == ""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_utf8_and_crlf_files_round_trip(backend, repo, tmp_path, request):
+    """A Latin-1 file's section is not UTF-8: decoded as text its bytes would become U+FFFD and the
+    patch would not apply, so it comes as a git binary patch (paths with spaces and glob characters
+    too); a CRLF file keeps its `\\r`. The patched checkout then equals the sandbox's files."""
+    latin = {
+        "latin.py": "# café\nx = 1\n",
+        "sp ace/l[a]t*.py": "# naïve\ny = 1\n",
+        "crlf.py": "a = 1\r\nb = 2\r\n",
+    }
+    for rel, text in latin.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_bytes(text.encode("latin-1"))
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "bytes"], cwd=repo, check=True
+    )
+    edits = {
+        "latin.py": "# café\nx = 2\n".encode("latin-1"),
+        "sp ace/l[a]t*.py": "# naïve\ny = 2\n".encode("latin-1"),
+        "crlf.py": b"a = 1\r\nb = 3\r\n",
+        "new_latin.py": "z = 'é'\n".encode("latin-1"),
+    }
+    with open_backend(backend, repo, request) as sb:
+        for rel, data in edits.items():
+            sb.write_bytes(rel, data)
+        patch = sb.diff()
+    assert "\ufffd" not in patch and "GIT binary patch" in patch
+    assert "-b = 2\r\n+b = 3\r\n" in patch
+    fresh = tmp_path / "fresh"
+    subprocess.run(["git", "clone", "-q", str(repo), str(fresh)], check=True)
+    (tmp_path / "p.diff").write_bytes(patch.encode("utf-8"))
+    subprocess.run(["git", "apply", str(tmp_path / "p.diff")], cwd=fresh, check=True)
+    for rel, data in edits.items():
+        assert (fresh / rel).read_bytes() == data, rel
