@@ -185,7 +185,7 @@ def test_r2egym_strips_carriage_returns_so_a_crlf_section_no_longer_applies(tmp_
 
 def test_default_rule_grades_deletions_and_new_files(tmp_path, tokenizer):
     """Under the default rule the graded patch holds the deletion of weird.py (a module the tests may
-    import) beside the new weird2.py and q.py, and the CRLF edit with its `\r`."""
+    import) beside the new weird2.py and q.py, and the CRLF edit with its `\r`; it applies."""
     result = run(tmp_path, tokenizer, [RENAME, EDITS, EDIT_CRLF], raw=RAW, patch_rule="full")
     patch = result.patch
     assert files_of(patch) == ["README.md", "crlf.py", "latin.py", "q.py", "weird.py", "weird2.py"]
@@ -193,6 +193,7 @@ def test_default_rule_grades_deletions_and_new_files(tmp_path, tokenizer):
     assert "diff --git a/weird2.py b/weird2.py\nnew file mode 100644" in patch
     assert "diff --git a/q.py b/q.py\nnew file mode 100644" in patch
     assert "-b = 2\r\n+b = 3\r\n" in patch
+    assert applies(tmp_path, patch)  # the Latin-1 file's section as a git binary patch
 
 
 def test_graded_patch_is_written_back_as_r2egyms_parser_writes_it():
