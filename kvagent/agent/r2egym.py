@@ -172,7 +172,11 @@ def output_patch(env: Any, full: str) -> str:
     run = getattr(env, "r2egym_diff", None)
     if run is None:
         return full.replace("\r", "")
-    return runtime_output(run(PATCH_TIMEOUT), PATCH_TIMEOUT)[0]
+    try:
+        result = run(PATCH_TIMEOUT)
+    except Exception as e:  # R2E-Gym's `run` returns an exception's text as the output, so does this
+        return f"Error: {e!r}"
+    return runtime_output(result, PATCH_TIMEOUT)[0]
 
 
 def graded_patch(patch: str, edited: list[str]) -> str:

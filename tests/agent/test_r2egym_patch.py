@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvagent.agent import AgentConfig, load_trajectory, run_episode, write_trajectory
-from kvagent.agent.r2egym import edited_paths, graded_patch
+from kvagent.agent.r2egym import edited_paths, graded_patch, output_patch
 from kvagent.sandbox import open_sandbox
 from kvagent.testing import ScriptedSession, git_repo
 from tests.helpers import SUBMIT, call
@@ -214,3 +214,15 @@ def test_graded_patch_is_written_back_as_r2egyms_parser_writes_it():
     assert graded_patch("warning: x\n" + DIFF, ["a.py"]) == graded_patch(
         DIFF, ["a.py"]
     )  # text before: ignored
+
+
+def test_output_patch_of_a_failing_environment_is_the_error_text():
+    """R2E-Gym's `run` returns an exception's text as the command's output; the episode still ends
+    with both patches (the r2egym one that text) rather than an exception at its end."""
+
+    class Broken:
+        def r2egym_diff(self, timeout):
+            raise RuntimeError("container gone")
+
+    assert output_patch(Broken(), "x") == "Error: RuntimeError('container gone')"
+    assert output_patch(object(), "a\r\nb\r\n") == "a\nb\n"  # no such method: the full diff, no \r
