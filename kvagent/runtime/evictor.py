@@ -73,6 +73,7 @@ class Evictor:
         # The slot goes back to its pool with this evictor (its session).
         self._slot_release = weakref.finalize(self, slot.release) if slot is not None else None
         self.adaptive = config.adaptive_heads
+        self.segments: list[int] = []  # Session.mark_segment's positions, ascending (segment policies)
         self.audit: list[AuditRound] | None = [] if config.audit else None
         self.round_index = 0  # orders audit records: every round and every forced drop counts one
         self.schedule = Schedule(config, policy, n_layers)  # each layer's K, when rounds are due
@@ -232,6 +233,7 @@ class Evictor:
             recent_buffer=self.config.recent_buffer,
             generator=round_generator(self.config.seed, li, logical_length),
             state=self.state[li],
+            segments=self.segments,
             pending=self.cache.take_pending(li) if pending else (None, None),
         )
 

@@ -59,6 +59,7 @@ def build_view(
     state: dict,
     pending: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
     recent_buffer: int = 0,
+    segments: list[int] | None = None,
 ) -> LayerView:
     keys, values, positions = layer.live()
     n = keys.shape[-2]
@@ -90,6 +91,7 @@ def build_view(
         pending_queries=pending[0],
         pending_positions=pending[1],
         state=state,
+        segment_starts=torch.tensor(segments, dtype=torch.long, device=keys.device) if segments else None,
     )
 
 

@@ -12,6 +12,7 @@ of the previous rebuild's dense state at its last whole chunk instead of positio
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 import warnings
@@ -251,6 +252,11 @@ class Session:
                 self.prompt_length -= sum(1 for p in drop if p < self.prompt_length)
             self._stale = True
         return len(drop)
+
+    def mark_segment(self, position: int) -> None:
+        """A segment (a tool output, a reply) starts at logical `position`: segment-aware policies
+        (policies/segments.py) keep or evict whole segments. Never guessed from text here."""
+        bisect.insort(self.evictor.segments, int(position))
 
     def rewind(self, n: int) -> int:
         """Take back the newest `n` tokens, so the next `append` continues at position

@@ -10,6 +10,7 @@ from kvagent.runtime.policies import (  # noqa: F401  (registration)
     pyramidkv,
     random,
     rkv,
+    segments,
     snapkv,
     streaming,
     tova,

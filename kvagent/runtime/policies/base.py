@@ -42,6 +42,9 @@ class LayerView:
     # entries. Ids ascend with recency (0 = oldest block; the newest block is always whole, the
     # oldest may be short). None for token policies.
     block_ids: torch.Tensor | None = None
+    # (S,) ascending logical positions where the session marked a segment (Session.mark_segment: a
+    # tool output, a reply); None when none is marked. Segment-aware policies (segments.py) read it.
+    segment_starts: torch.Tensor | None = None
     # Queries since the previous round (B, H_q, M, D) and their positions (M,), only for policies
     # that set `needs_pending_queries` (H2O); otherwise None.
     pending_queries: torch.Tensor | None = None
