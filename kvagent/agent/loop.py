@@ -21,7 +21,7 @@ from kvagent.agent.episode import (
     Turn,
     cache_summary,
 )
-from kvagent.agent.history import ObservationMask
+from kvagent.agent.history import ObservationMask, content_span
 from kvagent.agent.interfaces import Environment, ModelSession
 from kvagent.agent.parser import ToolCall
 from kvagent.agent.scaffold import make_scaffold
@@ -159,6 +159,7 @@ class Agent:
         t = time.perf_counter()
         cap = self.config.max_new_tokens
         self._reply_start = self.session.logical_length
+        self._mark_segment(self._reply_start)
         left = self._context_left()
         g = self._generate(left if cap is None else min(cap, left))
         turn.generate_s = time.perf_counter() - t
@@ -223,6 +224,10 @@ class Agent:
             turn.observation, turn.observation_tokens, turn.fed = text, fed, True
             if self.mask is not None:
                 self.mask.track(self.session, text, self.session.history[-fed:])
+            tail = self.render.user_turn_ids(text)  # the observation's content starts the segment
+            self._mark_segment(
+                self.session.logical_length - len(tail) + content_span(tail, self.render.user_turn_ids(""))[0]
+            )
             self.messages.append({"role": "user", "content": text})
             self._record_cache(turn)
             self._emit("observation", turn)
@@ -301,6 +306,13 @@ class Agent:
         turn.observations_masked = forgotten + shrunk
         if shrunk and self._reply_start > 0:  # the reply follows the re-rendered observation
             self._reply_start -= before - self.session.logical_length
+
+    def _mark_segment(self, position: int) -> None:
+        """Tell the session where a segment (a reply, an observation) starts, for a segment-aware
+        policy (runtime/policies/segments.py); a session without the notion ignores it."""
+        mark = getattr(self.session, "mark_segment", None)
+        if mark is not None:
+            mark(position)
 
     def _record_cache(self, turn: Turn) -> None:
         turn.logical_length = self.session.logical_length

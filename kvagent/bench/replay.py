@@ -75,6 +75,8 @@ def replay(
     result = ReplayResult()
     session = engine.session(config)
     session.reuse_prefix = reuse_prefix
+    for p in stream.segment_starts:  # for a segment-aware policy; the others never read them
+        session.mark_segment(p)
     caps = pool_capacities(config, session.policy, engine.n_layers)
     result.capacity = max(caps) if caps else None
     t0 = time.perf_counter()

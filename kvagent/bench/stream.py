@@ -56,6 +56,17 @@ class Stream:
         return [t for s in self.segments for t in s.ids]
 
     @property
+    def segment_starts(self) -> list[int]:
+        """Where each reply and each observation's content starts: the segments a segment-aware
+        policy keeps or evicts whole (replay.py marks them on the session)."""
+        starts, pos = {o.start for o in self.observations}, 0
+        for s in self.segments:
+            if s.kind == "step":
+                starts.add(pos)
+            pos += len(s.ids)
+        return sorted(starts)
+
+    @property
     def prompt_length(self) -> int:
         return len(self.segments[0].ids)
 

@@ -83,11 +83,12 @@ def test_the_placeholder_line_and_what_is_masked_when():
     assert list(newly_masked(4, 2, 1)) == [1, 2]
 
 
-@pytest.mark.parametrize("policy", ["full", "random"])
+@pytest.mark.parametrize("policy", ["full", "random", "segments"])
 def test_persistent_masking_forgets_old_observations_exactly(tiny, prompts, policy):
     budget = None if policy == "full" else 96
     cache = CacheConfig(policy=policy, budget=budget, buffer=16, protect="sink", seed=2)
     session, records, result, agent = episode(tiny, cache, prompts, "mask-observations=2")
+    spans = agent.mask.spans
     masked = [t.observations_masked for t in result.turns]
     # observations are fed after turns 1-4; the 3rd and 4th each push one out of the newest 2
     assert masked[:2] == [0, 0] and masked[2] > 0 and masked[3] > 0 and masked[4] == 0
@@ -107,6 +108,9 @@ def test_persistent_masking_forgets_old_observations_exactly(tiny, prompts, poli
             for head in layer[0]:
                 assert {int(p) for p in head.tolist() if p >= 0} == set(range(session.logical_length)) - gone
     assert check_session_against_oracle(session, records) < TOL
+    # the agent marked each reply and each observation's content as a segment (segment policies)
+    marks = set(session.evictor.segments)
+    assert {a for a, _, _ in spans} <= marks and result.prompt_tokens in marks
 
 
 def test_reprefill_masking_rerenders_the_placeholder_byte_for_byte(tiny, prompts):

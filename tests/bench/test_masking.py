@@ -46,6 +46,11 @@ def test_stream_marks_each_observation_and_its_placeholder(tiny_engine):
     assert tok.decode(s.observations[1].placeholder) == "Old environment output: (1 lines omitted)"
     # the issue (a user turn before the first reply) is not an observation
     assert all(o.start > s.prompt_length for o in s.observations)
+    steps, pos = [], 0
+    for seg in s.segments:
+        steps += [pos] if seg.kind == "step" else []
+        pos += len(seg.ids)
+    assert s.segment_starts == sorted([o.start for o in s.observations] + steps)  # what replays mark
 
 
 @pytest.mark.parametrize("policy", ["full", "snapkv"])
