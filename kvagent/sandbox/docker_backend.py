@@ -62,13 +62,9 @@ command -v python3 || command -v python || exit 1
 # (their `#!/root/.venv/bin/python`), so the r2egym tool scripts do too where it exists.
 TASK_PYTHON = "/root/.venv/bin/python"
 
-# PID 1: R2E-Gym's (`/bin/bash -l`, a tty, stdin open; bash reaps orphans as docker-init would); an
-# image without bash gets a keeper under docker-init instead.
-PID1_BASH = {"entrypoint": ["/bin/bash", "-l"], "tty": True, "stdin_open": True}
-PID1_KEEPER = {
-    "entrypoint": ["/bin/sh", "-c", "sleep infinity 2>/dev/null || while :; do sleep 3600; done"],
-    "init": True,
-}
+# PID 1: R2E-Gym's (`/bin/bash -l`, a tty, stdin open; bash reaps orphans as docker-init would). Every
+# image a sandbox opens needs bash anyway (its git set-up runs under it).
+PID1 = {"entrypoint": ["/bin/bash", "-l"], "tty": True, "stdin_open": True}
 # Runs `timeout -s KILL T CMD...` in the background so its pid (= its process group: timeout
 # makes itself a group leader) is known, then kills that group once the command returns.
 GROUP_WRAPPER = (
@@ -158,11 +154,7 @@ class DockerSandbox(Sandbox):
         name = f"kvagent-{uuid.uuid4().hex[:12]}"
         self.container = None
         try:
-            try:
-                self.container = self._start(name, PID1_BASH, network, mem_limit, pids_limit, labels)
-            except self._errors.APIError:  # no /bin/bash in the image
-                self._remove(name)
-                self.container = self._start(name, PID1_KEEPER, network, mem_limit, pids_limit, labels)
+            self.container = self._start(name, network, mem_limit, pids_limit, labels)
             self._closed = False
             owner.track(self)
             self._provision(src)
@@ -173,7 +165,7 @@ class DockerSandbox(Sandbox):
                 raise SandboxError(f"docker: {_first_line(e)} (image {image})") from None
             raise
 
-    def _start(self, name, pid1, network, mem_limit, pids_limit, labels):
+    def _start(self, name, network, mem_limit, pids_limit, labels):
         return self.client.containers.run(
             self.image,
             command=[],
@@ -184,7 +176,7 @@ class DockerSandbox(Sandbox):
             pids_limit=pids_limit,
             # The owner, so a sweep can remove the container once this process is gone.
             labels={**(labels or {}), LABEL: "1", **owner.Owner.me().labels()},
-            **pid1,
+            **PID1,
         )
 
     # --- set-up ---------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ side with R2E-Gym's own code: tests/sandbox/test_r2egym_real_container.py."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kvagent.sandbox import open_sandbox
@@ -69,3 +71,12 @@ def test_a_background_child_outlives_the_call_but_not_the_container(base_image, 
         assert "sleep 378" not in box.run("cat /proc/[0-9]*/cmdline | tr '\\0' ' '", timeout=30).output
         assert containers_with(test_label)
     assert containers_with(test_label) == []
+
+
+def test_pid1_reaps_orphans(sb):
+    """Without docker-init, bash as PID 1 reaps what the calls leave to it (no zombies pile up)."""
+    for _ in range(3):
+        sb.run_command("sh -c '(sleep 0.2 >/dev/null 2>&1 &)'", 90)
+    time.sleep(1.5)
+    states = sb.run_command("sh -c 'cut -d\" \" -f3 /proc/[0-9]*/stat'", 90).output.split()
+    assert states and "Z" not in states
