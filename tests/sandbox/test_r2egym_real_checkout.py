@@ -4,7 +4,9 @@ checkout at run time (`Action.to_bashcmd`, the body of `DockerRuntime.run`, `Obs
 running the checkout's tools on copies of one repository, call after call (the editor's undo history
 included), and the repositories end with the same diff. R2E-Gym's runtime runs here on the host, in a
 copy of the repository, through the same interpreter the local sandbox falls back to; its editor needs
-chardet in that interpreter. docs/deepswe.md has the docker run of the same comparison."""
+chardet in that interpreter. docs/deepswe.md has the docker run of the same comparison. The graded
+patch of a scratch repository (a rename, a new file, CRLF and Latin-1 edits) is compared with the
+checkout's `DockerRuntime.get_patch` and `Trajectory.true_output_patch` the same way."""
 
 from __future__ import annotations
 
