@@ -12,10 +12,11 @@ snapshot is a speed-up for replays only and is not saved (the next rebuild start
 same result).
 
 A file is safetensors whose `__metadata__["kvagent"]` is a JSON header: format and version, the
-model's identity (name, layers, KV heads, head dim, vocab, dtype and a fingerprint of its weights)
-and the session's non-tensor state. `read` checks the header, the file's length and every
-cache tensor's shape before anything is allocated, and refuses another model's file, another
-version's or a truncated one with one line (ConfigError)."""
+model's identity (name, layers, KV heads, head dim, vocab, dtype and a fingerprint of its weights),
+the session's non-tensor state and a checksum of that state and every tensor (`digest`). `read`
+checks the header, the file's length and every cache tensor's shape before anything is allocated,
+then the checksum before the state is used, and refuses another model's file, another version's, a
+truncated one or one whose bytes changed after it was written with one line (ConfigError)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from kvagent.runtime.audit import AuditRound
 from kvagent.runtime.config import CacheConfig
 
 FORMAT = "kvagent-session"
-VERSION = 1
+VERSION = 2  # 2: the header holds a checksum of the state and tensors
 MAX_HEADER = 256 * 2**20  # a JSON header past this is no session file (tensors and token ids are not in it)
 _CPU = ("history", "sample_gen", "audit.")  # tensors that live on the host whatever the engine's device
 
@@ -143,7 +144,7 @@ def import_session(engine, state: SessionState, where: str = "session state"):
     session = engine.session(config)
     ev, dev = session.evictor, engine.device
     t = {k: _place(k, v, dev) for k, v in state.tensors.items()}
-    _check_capacities(ev.cache, m["cache"], config, where)
+    _check_capacities(ev.cache, m["cache"], ev.schedule, where)
     if m["cache"]["slot"] and ev.slot is not None and ev.cache.slot is None:
         ev.cache.attach_slot(ev.slot)  # a reprefill cache compressed into its slot
     ev.cache.import_state({k[len("cache.") :]: v for k, v in t.items() if k.startswith("cache.")}, m["cache"])
@@ -196,14 +197,16 @@ def _unflatten(spec: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
     return spec["value"]
 
 
-def _check_capacities(cache, cache_meta: dict, config: CacheConfig, where: str) -> None:
-    """Refuse buffer sizes no session of this config reaches, before they are allocated."""
+def _check_capacities(cache, cache_meta: dict, schedule, where: str) -> None:
+    """Refuse buffer sizes no session of this config reaches (its `Schedule`), before they are
+    allocated."""
+    config = schedule.config
     for li, (layer, m) in enumerate(zip(cache.layers, cache_meta["layers"], strict=True)):
         if not m["init"]:
             continue
         sizes = zip(m["counts"], m["capacities"], strict=True) if "counts" in m else [(m["n"], m["capacity"])]
         for n, cap in sizes:
-            top = max(2 * n, n + 2 * config.buffer, 16, config.prefill_chunk, layer.capacity_hint)
+            top = max(2 * n, schedule.trigger(n), 16, config.prefill_chunk, layer.capacity_hint)
             if not 0 <= n <= cap <= top:
                 raise ConfigError(
                     f"{where}: layer {li} claims {n} entries in a buffer of {cap}; the file is damaged"
@@ -220,17 +223,29 @@ def write(state: SessionState, engine, path: str | os.PathLike[str]) -> int:
     """Write an exported state of one of `engine`'s sessions to `path` atomically; returns the bytes."""
     from safetensors.torch import save as to_bytes
 
-    header = {"format": FORMAT, "version": VERSION, "model": model_identity(engine), "state": state.meta}
     tensors = {k: t.to("cpu").contiguous() for k, t in state.tensors.items()}
+    header = {"format": FORMAT, "version": VERSION, "model": model_identity(engine), "state": state.meta,
+              "checksum": digest(tensors, state.meta)}  # fmt: skip
     data = to_bytes(tensors, metadata={"kvagent": json.dumps(header)})
     atomic_write_bytes(path, data)
     return len(data)
 
 
-def read(path: str | os.PathLike[str], engine) -> SessionState:
-    """A session file's state, checked against `engine` (header, length, shapes) before loading."""
-    from safetensors.torch import load_file
+def digest(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> str:
+    """A checksum of a state: its JSON meta and every tensor's name, dtype, shape and bytes, so a
+    flipped byte anywhere in a file's data is seen before the session is used."""
+    h = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(f"\0{name}\0{t.dtype}\0{list(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return f"sha256:{h.hexdigest()}"
 
+
+def inspect(path: str | os.PathLike[str], engine=None) -> tuple[dict, dict]:
+    """A session file's safetensors entries and kvagent header, read without its data: refused
+    (ConfigError, one line) if it is no session file, another version's, cut short or, given
+    `engine`, another model's or of shapes this model has none of."""
     path = Path(path)
     where = f"session file {path}"
     try:
@@ -245,7 +260,7 @@ def read(path: str | os.PathLike[str], engine) -> SessionState:
         header = json.loads(entries["__metadata__"]["kvagent"])
     except (ValueError, KeyError, TypeError):
         header = None
-    if header is None or header.get("format") != FORMAT:
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ConfigError(
             f"{where}: not a kvagent session file (or cut short); pass a file Session.save wrote"
         )
@@ -254,14 +269,54 @@ def read(path: str | os.PathLike[str], engine) -> SessionState:
             f"{where}: format version {header.get('version')}, this kvagent reads version {VERSION}; "
             "open it with the kvagent that saved it, or start a new session"
         )
-    end = max((e["data_offsets"][1] for k, e in entries.items() if k != "__metadata__"), default=0)
+    try:
+        end = max((e["data_offsets"][1] for k, e in entries.items() if k != "__metadata__"), default=0)
+    except (KeyError, TypeError, IndexError):
+        end = -1
     if size != 8 + n + end:
         raise ConfigError(
             f"{where}: {size} bytes where its header says {8 + n + end}; it was cut short, save it again"
         )
-    check_identity(header["model"], engine, where)
-    _check_shapes(entries, header["model"], where)
-    return SessionState(load_file(str(path)), header["state"])
+    if engine is not None:
+        check_identity(header.get("model") or {}, engine, where)
+        _check_shapes(entries, header["model"], where)
+    return entries, header
+
+
+def read(path: str | os.PathLike[str], engine=None) -> SessionState:
+    """A session file's state, checked against `engine` (header, length, shapes) before loading
+    and against its checksum before it is used (`engine` None: every check but the model's)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    _, header = inspect(path, engine)
+    where = f"session file {path}"
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise ConfigError(f"{where}: its tensors cannot be read ({e}); the file is damaged") from None
+    if header.get("checksum") != digest(tensors, header["state"]):
+        raise ConfigError(
+            f"{where}: its data does not match the checksum it was saved with (damaged after it was "
+            "written); start a new session"
+        )
+    return SessionState(tensors, header["state"])
+
+
+def peek(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[int]]:
+    """A session file's state meta and token history, without loading the rest (unchecked by the
+    checksum: for naming a conversation whose other records are gone, never for continuing it)."""
+    from safetensors import SafetensorError, safe_open
+
+    _, header = inspect(path)
+    try:
+        with safe_open(str(path), "pt") as f:
+            history = f.get_tensor("history").tolist()
+    except (SafetensorError, ValueError, RuntimeError, KeyError) as e:
+        raise ConfigError(
+            f"session file {path}: its history cannot be read ({e}); the file is damaged"
+        ) from None
+    return header["state"], history
 
 
 def _check_shapes(entries: dict, model: dict[str, Any], where: str) -> None:

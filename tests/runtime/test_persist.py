@@ -1,8 +1,8 @@
 """A saved and loaded session continues exactly as the original: the same logits bit for bit (float32
 CPU), the same kept positions, rounds, audit and sampled ids, for every registered policy, both
 modes and both frameworks, saved mid-decode, one token before a round, after a rewind and after a
-forget; in this process and in a fresh one. Files of another model, another version, cut short or
-claiming absurd sizes are refused with one line."""
+forget; in this process and in a fresh one. Files of another model, another version, cut short,
+claiming absurd sizes or with a byte changed anywhere in their data are refused with one line."""
 
 from __future__ import annotations
 
@@ -263,14 +263,17 @@ def refusal(engine, path) -> str:
 
 
 def rewrite(path: Path, edit) -> None:
-    """The file with its header's JSON changed by `edit(header)` (tensors unchanged)."""
+    """The file with its header's JSON changed by `edit(header)` (tensors unchanged), its checksum
+    sealed again: what is refused is the edit, not the checksum."""
     from safetensors.torch import load_file, save_file
 
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(json.loads(f.read(n))["__metadata__"]["kvagent"])
     edit(header)
-    save_file(load_file(path), path, metadata={"kvagent": json.dumps(header)})
+    tensors = load_file(path)
+    header["checksum"] = persist.digest(tensors, header["state"])
+    save_file(tensors, path, metadata={"kvagent": json.dumps(header)})
 
 
 def test_another_models_file_is_refused(tiny_engines, saved):
@@ -302,3 +305,24 @@ def test_another_version_is_refused(tiny_engines, saved):
 def test_absurd_sizes_are_refused_before_allocating(tiny_engines, saved):
     rewrite(saved, lambda h: h["state"]["cache"]["layers"][0].update(capacity=10**12))
     assert "damaged" in refusal(tiny_engines["qwen3"], saved)
+
+
+def test_a_byte_changed_in_the_data_is_refused(tiny_engines, saved):
+    """Silent damage, the size intact: a flipped byte in any tensor (a key, the history, the last
+    logits) or in the state is refused by the checksum; the file as written loads."""
+    engine, data = tiny_engines["qwen3"], saved.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    entries = json.loads(data[8 : 8 + n])
+    engine.load_session(saved)
+    for name in ("cache.layers.0.keys", "history", "last_logits"):
+        start, end = entries[name]["data_offsets"]
+        damaged = bytearray(data)
+        damaged[8 + n + (start + end) // 2] ^= 0x10
+        saved.write_bytes(bytes(damaged))
+        assert "does not match the checksum" in refusal(engine, saved), name
+    raw = bytearray(data)  # a digit of the state's round counter changed, the header's length kept
+    i = data.index(b"round_index", 8)
+    j = i + data[i:].index(b",") - 1
+    raw[j] = ord(str((int(chr(raw[j])) + 1) % 10))
+    saved.write_bytes(bytes(raw))
+    assert "does not match the checksum" in refusal(engine, saved)
