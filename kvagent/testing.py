@@ -141,6 +141,12 @@ class ScriptedEngine:
         self.sessions += 1
         return ScriptedSession(self.tokenizer, list(self.replies(config)))
 
+    def plan(self, config: Any) -> Any:
+        """The plan `budget.check_run` asks (`Engine.plan`), of a one-layer model."""
+        from kvagent.runtime.plan import CachePlan
+
+        return CachePlan.prepare(config)
+
 
 # ----------------------------------------------------------------------------- a fixture instance
 # add() subtracts (the bug); sub() is right, so its test passes before and after the fix.

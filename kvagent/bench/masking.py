@@ -128,3 +128,18 @@ class Masker:
 def masker_for(stream: Stream, spec: RunSpec) -> Masker | None:
     keep = keep_of(history_of(spec))
     return Masker(stream, keep) if keep is not None else None
+
+
+def with_histories(grid, histories) -> list[RunSpec]:
+    """`bench fidelity --history keep,mask-observations=4`: every spec of `grid` once per history
+    (each value checked before any run); `keep` leaves a spec as it is."""
+    out: list[RunSpec] = []
+    for h in histories:
+        keep_of(h)
+        for s in grid:
+            out.append(
+                s
+                if h == KEEP_ALL
+                else HistorySpec(**{**s.record(), "policy_args": dict(s.policy_args)}, history=h)
+            )
+    return list(dict.fromkeys(out))

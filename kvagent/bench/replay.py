@@ -16,7 +16,6 @@ import torch
 
 from kvagent.bench.stream import Stream
 from kvagent.runtime.config import CacheConfig
-from kvagent.runtime.evictor import pool_capacities
 
 TOPK = 256  # reference tokens kept per position; the rest of the mass is one tail bucket
 PROBE_GREEDY_TOKENS = 24
@@ -77,7 +76,7 @@ def replay(
     session.reuse_prefix = reuse_prefix
     for p in stream.segment_starts:  # for a segment-aware policy; the others never read them
         session.mark_segment(p)
-    caps = pool_capacities(config, session.policy, engine.n_layers)
+    caps = session.evictor.schedule.capacities()
     result.capacity = max(caps) if caps else None
     t0 = time.perf_counter()
     i = 0

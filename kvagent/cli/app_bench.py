@@ -46,6 +46,14 @@ def bench_fidelity(
             help="Cut each episode to at most this many tokens (whole turns). Default: whole episodes."
         ),
     ] = None,
+    history: Annotated[
+        str,
+        typer.Option(
+            help="Comma list of histories to replay each setting under: keep (as recorded), "
+            "mask-observations[=M] (the newest M tool outputs whole, older ones forgotten or, in "
+            "reprefill, re-sent as one placeholder line; M=10 as The Complexity Trap)."
+        ),
+    ] = "keep",
     quiet: Quiet = False,
     reuse_prefix: ReusePrefix = True,
 ) -> None:
@@ -54,7 +62,7 @@ def bench_fidelity(
 
     run_fidelity_bench(
         **engine.arguments(), cache=cache, episodes=episodes, out=out, max_tokens=max_tokens, quiet=quiet,
-        reuse_prefix=reuse_prefix,
+        reuse_prefix=reuse_prefix, history=history,
     )  # fmt: skip
 
 

@@ -46,7 +46,7 @@ _ONE_OR_LISTED = ("buffer", "window", "seed", "protect")
 
 def run_fidelity_bench(
     *, model, cache: CacheOptions, episodes, out, max_tokens, quiet, device="auto", dtype="auto", reuse_prefix=True,
-    decode_step="auto", linear="auto",
+    decode_step="auto", linear="auto", history="keep",
 ) -> list[dict]:  # fmt: skip
     """`cache`: the lists to sweep (policies, modes, budgets, scopes, protect), one buffer, window and
     seed, and each other cache field it takes as a comma list of values (`--head-budget
@@ -77,6 +77,9 @@ def run_fidelity_bench(
         policy_args=args,
         axes=swept,
     )
+    from kvagent.bench.masking import with_histories
+
+    grid = with_histories(grid, split_list(history, "history"))  # --history: observation masking too
     for name, values in swept.items():  # make_grid kept each value's runs for the policies taking it
         for value in values:
             took = list(

@@ -6,8 +6,9 @@ recent-buffer framework the r-token recent buffer is kept outside K, so the rule
 prompt must fit K, not K + 2r); only the first round comes later (at K + 2r instead of K + r).
 
 The session applies it at its first append; commands apply it earlier (before a sandbox opens or a
-benchmark starts) with the prompt's length from the tokenizer. When the first round comes and what K
-each layer has there are the Schedule's (schedule.py), which the evictor asks too."""
+benchmark starts) with the prompt's length from the tokenizer, through the engine's prepared plan
+(plan.py) of the config. When the first round comes and what K each layer has there are the
+Schedule's (schedule.py), which the evictor asks too."""
 
 from __future__ import annotations
 
@@ -50,7 +51,14 @@ def prompt_fit_problem(
     tokens (None if it can). `option` is the flag the advice names (eval's is --budgets)."""
     if not config.evicts or config.protect == "none":
         return None
-    schedule = Schedule.of(config, n_layers, policy)
+    return prompt_problem(Schedule.of(config, n_layers, policy), prompt_length, option)
+
+
+def prompt_problem(schedule: Schedule, prompt_length: int, option: str = "--budget") -> str | None:
+    """`prompt_fit_problem` of a prepared Schedule (a session's, a plan's)."""
+    config, n_layers = schedule.config, schedule.n_layers
+    if not config.evicts or config.protect == "none":
+        return None
     for layer in range(n_layers):
         at = schedule.first_round(prompt_length, layer)
         if at is None:
@@ -90,8 +98,9 @@ def check_run(
     `prompt_length` tokens that already reaches the agent's `context_limit` (`prompt_name`: what the
     error calls that prompt), and returns why that prompt leaves the Schedule's first round nothing to
     evict (None if it does not, or with no length). `option`: the flag the advice names (eval's is
-    --budgets)."""
-    engine.session(config)  # dropped at once, and its pool slot with it
+    --budgets). It opens no session: it asks the engine's plan of `config` (plan.py), which the
+    run's sessions then take."""
+    plan = engine.plan(config)
     if prompt_length is None:
         return None
     if context_limit is not None and prompt_length >= context_limit:
@@ -99,13 +108,12 @@ def check_run(
             f"context-limit: {context_limit} tokens, but {prompt_name} is {prompt_length} tokens; use "
             f"--context-limit above {prompt_length}"
         )
-    # A test double engine has no layers to count.
-    return prompt_fit_problem(config, prompt_length, getattr(engine, "n_layers", 1), option=option)
+    return prompt_problem(plan.schedule, prompt_length, option)
 
 
-def check_prompt_fits(config: CacheConfig, prompt_length: int, n_layers: int = 1, policy: Any = None) -> None:
-    """Raise the ConfigError of `prompt_fit_problem`, if there is one."""
-    problem = prompt_fit_problem(config, prompt_length, n_layers, policy)
+def check_prompt_fits(schedule: Schedule, prompt_length: int) -> None:
+    """Raise the ConfigError of `prompt_problem`, if there is one."""
+    problem = prompt_problem(schedule, prompt_length)
     if problem:
         raise ConfigError(problem)
 

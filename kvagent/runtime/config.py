@@ -115,18 +115,29 @@ class CacheConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (pickle, deepcopy) carries the fields, not the policies `build_policy` kept."""
+        return {k: v for k, v in self.__dict__.items() if k != "_policies"}
+
 
 def build_policy(config: CacheConfig, model_facts: Mapping[str, Any] | None = None) -> Any:
     """The policy object of `config`, built in this one place: its policy_args, and what it takes
     from the run (`model_args`: the config's window, the engine's `model_facts`) where policy_args
-    leaves it out. The session passes its engine's facts; a check before the engine loads passes
-    none (what it asks, K's split and the block, needs no model fact)."""
+    leaves it out. The session's plan passes its engine's facts; a check before the engine loads
+    passes none (what it asks, K's split and the block, needs no model fact). Built once per config
+    and filled-in facts: the config keeps it (policies hold knobs, no state; a session's policy
+    state is its evictor's), so the config's own checks, `check_run` and the session share one."""
     from kvagent.runtime.policies import make_policy
     from kvagent.runtime.policies.base import model_defaults
 
     known = {**(model_facts or {}), "window": config.window}
     filled = model_defaults(config.policy, known, config.policy_args)
-    return make_policy(config.policy, **filled, **config.policy_args)
+    # A model fact (TriAttention's RoPE frequencies, a tensor) by identity; the policy keeps it alive.
+    key = repr(sorted((k, v if isinstance(v, int | float | str) else id(v)) for k, v in filled.items()))
+    built: dict[str, Any] = config.__dict__.setdefault("_policies", {})
+    if key not in built:
+        built[key] = make_policy(config.policy, **filled, **config.policy_args)
+    return built[key]
 
 
 def buffer_fit_problem(config: CacheConfig) -> str | None:

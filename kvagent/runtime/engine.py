@@ -7,6 +7,7 @@ session per thread) into shared batches, and slot pools that hold evicting sessi
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import torch
 
@@ -16,6 +17,7 @@ from kvagent.runtime import linear as packing
 from kvagent.runtime.config import CacheConfig
 from kvagent.runtime.decoder import decoder_for
 from kvagent.runtime.forward import Chunk, run_forward
+from kvagent.runtime.plan import CachePlan
 from kvagent.runtime.pool import Slot, SlotPool
 from kvagent.runtime.scheduler import PREFILL_BUDGET, Scheduler
 from kvagent.runtime.session import Session
@@ -59,6 +61,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in table:
         raise ConfigError(f"dtype: got {dtype!r}; choose auto, float32, bfloat16 or float16")
     return table[dtype]
+
+
+PLANS_KEPT = 64  # the prepared plans an engine keeps (`Engine.plan`)
 
 
 class Engine:
@@ -107,6 +112,8 @@ class Engine:
         self.scheduler = Scheduler(self, max_batch, prefill_budget=prefill_budget) if max_batch > 1 else None
         self.pools: dict[tuple, SlotPool] = {}
         self._pools_lock = threading.Lock()
+        self._plans: OrderedDict[str, CachePlan] = OrderedDict()  # `plan`'s, the newest last
+        self._plans_lock = threading.Lock()
         # The static decoder fuses q/k/v and gate/up, so it is built before the weights are packed.
         decoder = decoder_for(model, self.scaling)
         # CPU matmuls over oneDNN-packed weights (linear.py): the modules' and the static step's.
@@ -167,11 +174,29 @@ class Engine:
         )
 
     def session(self, config: CacheConfig | None = None, **kwargs) -> Session:
+        """A new episode over a fresh cache of `config` (or of keyword fields), run by this engine's
+        plan of it (`plan`)."""
         if config is None:
             config = CacheConfig(**kwargs)
         elif kwargs:
             raise ConfigError("session: pass either a CacheConfig or keyword fields, not both")
-        return Session(self, config)
+        return Session(self, self.plan(config))
+
+    def plan(self, config: CacheConfig) -> CachePlan:
+        """The prepared plan of `config` on this engine (plan.py: its policy and Schedule), made once
+        per configuration and shared by its sessions and `budget.check_run`; raises the ConfigError
+        a session of it would. The last PLANS_KEPT configurations are kept (a server's requests
+        may each bring their own seed)."""
+        key = repr(config)
+        with self._plans_lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = CachePlan.prepare(config, self.n_layers, self.model_facts, self.max_context)
+                self._plans[key] = plan
+                if len(self._plans) > PLANS_KEPT:
+                    self._plans.popitem(last=False)
+            self._plans.move_to_end(key)
+        return plan
 
     def forward(self, chunk: Chunk) -> None:
         """Run one session's chunk: alone on a solo engine, joined with other sessions' pending

@@ -19,21 +19,15 @@ import torch
 from kvagent.errors import ConfigError
 from kvagent.runtime.audit import AuditRound
 from kvagent.runtime.cache import EvictableCache, keep_index
-from kvagent.runtime.config import SINK_TOKENS, CacheConfig
+from kvagent.runtime.config import SINK_TOKENS
 from kvagent.runtime.heads import HeadLayer, select_adaptive
-from kvagent.runtime.policies.base import BasePolicy
+from kvagent.runtime.plan import CachePlan
 from kvagent.runtime.round import build_view, pad_state, round_generator, select
-from kvagent.runtime.schedule import Schedule
 from kvagent.runtime.stats import CacheStats
 
 # H2O-style policies fold their pending queries into state once this many have accumulated, so a
 # dense reprefill of a long history does not hold every query of every layer at once.
 ABSORB_EVERY = 1024
-
-
-def pool_capacities(config: CacheConfig, policy: BasePolicy, n_layers: int) -> tuple[int, ...] | None:
-    """Each layer's most entries when fixed for the session's life: `Schedule.capacities`."""
-    return Schedule(config, policy, n_layers).capacities()
 
 
 class DenseSnapshot:
@@ -52,20 +46,19 @@ class Evictor:
 
     def __init__(
         self,
-        config: CacheConfig,
-        policy: BasePolicy,
+        plan: CachePlan,
         stats: CacheStats,
         *,
-        n_layers: int,
         group_size: int,
         scaling: float,
         device: torch.device,
         slot=None,
     ) -> None:
-        self.config = config
-        self.policy = policy
+        config = self.config = plan.config
+        self.policy = plan.policy  # shared by the plan's sessions; its per-layer state is `state`
+        self.schedule = plan.schedule  # each layer's K, when rounds are due
         self.stats = stats  # the session's counters; rounds and drops are counted here
-        self.n_layers = n_layers
+        self.n_layers = plan.n_layers
         self.group_size = group_size
         self.scaling = scaling
         self.sync = device.type == "cuda"  # round timings synchronise, so they hold only the round
@@ -76,7 +69,6 @@ class Evictor:
         self.segments: list[int] = []  # Session.mark_segment's positions, ascending (segment policies)
         self.audit: list[AuditRound] | None = [] if config.audit else None
         self.round_index = 0  # orders audit records: every round and every forced drop counts one
-        self.schedule = Schedule(config, policy, n_layers)  # each layer's K, when rounds are due
         self.reset()
 
     # ----------------------------------------------------------------- the cache

@@ -5,9 +5,10 @@ the demo's, through `budget.check_run`; a served request's at its session's firs
 Built from a CacheConfig, the policy and the model's layer count, it owns:
 - each layer's K (`layer_budgets`): the policy's split of the budget, where a fractional budget is
   that fraction of the logical length (`tokens`, the one place that rule lives);
-- the trigger: a layer's round runs when it holds K + the recent buffer + r entries (K + 2r
-  under recent-buffer, K + r under topk-all) and leaves K + the recent buffer; under cadence
-  "shared" every layer holding more than that cuts too once one is due (`due`);
+- what a round leaves (`leaves`: K + the recent buffer, so K + r under recent-buffer, K under
+  topk-all) and the trigger (`trigger`: what a round leaves + r, so K + 2r or K + r): a layer's
+  round runs when it holds that many entries; under cadence "shared" every layer holding more than
+  a round leaves cuts too once one is due (`due`);
 - the room left before a round (`room`), and when the first round comes (`first_round`)."""
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ NO_ROUND = 1 << 62  # the room of a cache that never evicts
 
 
 class Schedule:
-    """Not thread-safe (it caches each K's split); one per session or check."""
+    """Built once per configuration (`plan.CachePlan`) and shared by its sessions: its only state
+    is a cache of each K's split, whose entries never change once written."""
 
     def __init__(self, config: CacheConfig, policy: Any, n_layers: int) -> None:
+        """`policy`: the config's (its split of K, its block); None where only the trigger is asked
+        (`beyond_k`, `leaves`, `trigger`: a status line, a record whose policy has left the registry)."""
         self.config = config
         self.policy = policy
         self.n_layers = n_layers
@@ -65,10 +69,21 @@ class Schedule:
         """Entries a layer takes beyond what a round leaves before its next round: r."""
         return self.config.buffer
 
+    @property
+    def beyond_k(self) -> int:
+        """Entries a layer holds past its K at the trigger: 2r under recent-buffer, r under topk-all
+        (a cap shown as `K+2r`)."""
+        return self.trigger(0)
+
+    def leaves(self, k: int) -> int:
+        """What a round leaves a layer of this K: K + the recent buffer (K + r under recent-buffer,
+        K under topk-all); a reprefill's rebuild is cut to it at once."""
+        return k + self.recent_buffer
+
     def trigger(self, k: int) -> int:
         """The most entries a layer of this K holds: its round runs when it holds this many (K + 2r
         under recent-buffer, K + r under topk-all), and a layer's buffers are sized to it."""
-        return k + self.recent_buffer + self.headroom
+        return self.leaves(k) + self.headroom
 
     def capacities(self) -> tuple[int, ...] | None:
         """Each layer's most entries (its trigger) when fixed for the session's life (an evicting
@@ -100,10 +115,8 @@ class Schedule:
         once one is due, every layer holding more than a round leaves, so all stay in one phase."""
         budgets = self.layer_budgets(logical_length)
         r = 0 if to_budget else self.headroom
-        over = [
-            li for li, (k, n) in enumerate(zip(budgets, loads, strict=True)) if n > k + self.recent_buffer
-        ]
-        due = [li for li in over if loads[li] >= budgets[li] + self.recent_buffer + r]
+        over = [li for li, (k, n) in enumerate(zip(budgets, loads, strict=True)) if n > self.leaves(k)]
+        due = [li for li in over if loads[li] >= self.leaves(budgets[li]) + r]
         if due and self.config.cadence == "shared":
             return over
         return due
@@ -113,11 +126,10 @@ class Schedule:
         """The logical length at which `layer` first evicts, where it can be known before the
         episode (None: no round, or one whose timing depends on the episode)."""
         c = self.config
-        b, recent_buffer = c.budget, self.recent_buffer
+        b = c.budget
         if c.mode == "reprefill":
-            # Every append rebuilds the cache and cuts it to K (+ the recent buffer) at once.
-            k = self.layer_budgets(prompt_length)[layer]
-            if prompt_length > k + recent_buffer:
+            # Every append rebuilds the cache and cuts it to what a round leaves at once.
+            if prompt_length > self.leaves(self.layer_budgets(prompt_length)[layer]):
                 return prompt_length
             if not isinstance(b, int):
                 return None
@@ -126,16 +138,14 @@ class Schedule:
             ks = self.layer_budgets(0)
             # shared: the first layer's trigger, or later if this layer does not yet hold more than K + r
             return (
-                max(self.trigger(min(ks)), ks[layer] + recent_buffer + 1)
-                if shared
-                else self.trigger(ks[layer])
+                max(self.trigger(min(ks)), self.leaves(ks[layer]) + 1) if shared else self.trigger(ks[layer])
             )
 
         # A fraction: the first length that reaches K(L) + r (+ r), by bisection (L - K(L) grows with L).
         def due(n: int) -> bool:
             ks = self.layer_budgets(n)
             if shared:
-                return n > ks[layer] + recent_buffer and n >= self.trigger(min(ks))
+                return n > self.leaves(ks[layer]) and n >= self.trigger(min(ks))
             return n >= self.trigger(ks[layer])
 
         if not due(_SEARCH_LIMIT):

@@ -22,12 +22,13 @@ from typing import Any, Protocol
 import torch
 
 from kvagent.errors import ConfigError
-from kvagent.runtime.budget import check_budget, check_prompt_fits
+from kvagent.runtime.budget import check_prompt_fits
 from kvagent.runtime.cache import EvictableCache
-from kvagent.runtime.config import CacheConfig, Sampling, build_policy
-from kvagent.runtime.evictor import DenseSnapshot, Evictor, pool_capacities
+from kvagent.runtime.config import Sampling
+from kvagent.runtime.evictor import DenseSnapshot, Evictor
 from kvagent.runtime.forward import Chunk
 from kvagent.runtime.generation import Generation, Stopping, generate_tokens
+from kvagent.runtime.plan import CachePlan
 from kvagent.runtime.scheduler import scheduled
 from kvagent.runtime.stats import CacheStats
 
@@ -63,11 +64,10 @@ class Session:
     `tracer`, when set, sees every forward and rewind: `tracer.forwarded(start, ids, kept_before,
     logits)` and `tracer.rewound(logical_length)` (the oracle's `trace` uses it)."""
 
-    def __init__(self, engine: SessionEngine, config: CacheConfig) -> None:
+    def __init__(self, engine: SessionEngine, plan: CachePlan) -> None:
+        """`plan`: the engine's prepared plan of the session's config (`Engine.plan`)."""
         self.engine = engine
-        self.config = config
-        policy = build_policy(config, engine.model_facts)
-        check_budget(config, policy, engine.max_context)
+        self.config = config = plan.config
         self.history: list[int] = []
         self.prompt_length: int | None = None
         self._stats = CacheStats()
@@ -81,12 +81,10 @@ class Session:
         self.reuse_prefix = False
         self._prefix: tuple[list[int], DenseSnapshot] | None = None  # (the tokens it holds, their state)
         # The static slab of a pool this session's cache lives in (evicting, token budget; else private).
-        slot = engine.slot_for(pool_capacities(config, policy, engine.n_layers), config.buffer, config.window)
+        slot = engine.slot_for(plan.schedule.capacities(), config.buffer, config.window)
         self.evictor = Evictor(
-            config,
-            policy,
+            plan,
             self._stats,
-            n_layers=engine.n_layers,
             group_size=engine.group_size,
             scaling=engine.scaling,
             device=engine.device,
@@ -147,7 +145,7 @@ class Session:
         self.evictor.settle()
         if self.prompt_length is None:
             self.prompt_length = len(ids)
-            check_prompt_fits(self.config, self.prompt_length, self.engine.n_layers, self.policy)
+            check_prompt_fits(self.evictor.schedule, self.prompt_length)
         if self.config.mode == "reprefill" and (self.config.evicts or self._stale):
             return self._reprefill(ids, all_logits)
         return self._prefill(ids, evict=self.config.evicts, all_logits=all_logits)

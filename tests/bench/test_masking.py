@@ -102,3 +102,28 @@ def test_history_spec_is_its_own_run(tiny_engine, tmp_path):
     # resumes: the three records are found again (the masked one by its history), nothing reruns
     again = run_fidelity(tiny_engine, [s], grid, tmp_path, "tiny", plot=False)
     assert len(load_records(tmp_path)) == 3 and [r["wall_s"] for r in again] == [r["wall_s"] for r in recs]
+
+
+def test_bench_fidelity_history_option_runs_masking_beside_each_setting(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvagent.cli.app import app
+
+    eps = tmp_path / "eps.jsonl"
+    msgs = episode(probe=False).messages
+    eps.write_text(json.dumps({"id": "m", "messages": msgs}) + "\n")
+    args = ["bench", "fidelity", "--model", "tiny-random-qwen3", "--device", "cpu", "--policies", "full,snapkv",
+            "--modes", "persistent", "--budgets", "64", "--buffer", "16", "--episodes", f"{eps}:plant=0",
+            "--out", str(tmp_path / "out"), "--quiet", "--history", "keep,mask-observations=2"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    recs = json.loads((tmp_path / "out" / "fidelity.json").read_text())["records"]
+    got = sorted((r["policy"], r.get("history") or "keep") for r in recs)
+    assert got == [("full", "keep"), ("full", "mask-observations=2"), ("snapkv", "keep"),
+                   ("snapkv", "mask-observations=2")]  # fmt: skip
+    table = (tmp_path / "out" / "fidelity.md").read_text()
+    assert "full+mask-observations=2" in table and "snapkv+mask-observations=2" in table
+    bad = CliRunner().invoke(app, [*args[:-1], "drop-thinking"])
+    assert bad.exit_code == 2 and "history" in bad.output

@@ -232,6 +232,9 @@ class Engine:
             s.after_token = lambda n: self.on_token(s, n)
         return s
 
+    def plan(self, config):
+        return self._scripted.plan(config)
+
 
 CACHE = dict(policy="full", budget=None, buffer=32, mode="persistent", scope="prefill+decode",
              protect="prompt", window=16, seed=0, policy_arg=None)  # fmt: skip

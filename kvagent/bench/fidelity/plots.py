@@ -33,7 +33,8 @@ def plot_fidelity(records: list[dict], path: str | Path) -> Path:
             ax = axes[ri][ci]
             lines = {}
             for r in rows:
-                if r["policy"] == "full" or r["mode"] != mode or r[metric] is None:
+                # dense rows (the full cache, also under observation masking) have no budget: table only
+                if r["budget"] is None or r["mode"] != mode or r[metric] is None:
                     continue
                 label = r["policy"] if len(variants) <= 1 else f"{r['policy']} ({r['scope']}, {r['protect']})"
                 lines.setdefault(label, []).append((r["budget"], r[metric]))

@@ -31,17 +31,17 @@ def _fmt(x, spec: str) -> str:
 
 
 def fidelity_rows(records: list[dict]) -> list[dict]:
-    groups: dict[RunSpec, list[dict]] = defaultdict(list)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
-        if r.get("status") == "ok":
-            groups[setting(r)].append(r)
+        if r.get("status") == "ok":  # a replay under observation masking is its own row
+            groups[(setting(r), r.get("history"))].append(r)
     rows = []
-    for cfg, rs in groups.items():
+    for (cfg, history), rs in groups.items():
         retrieved = [r["probe_retrieved"] for r in rs if r.get("probe_retrieved") is not None]
         rows.append(
             {
                 **{k: getattr(cfg, k) for k in ("mode", "budget", *COLUMNS, *cfg.varied)},
-                "policy": row_name(cfg),
+                "policy": row_name(cfg) + (f"+{history}" if history else ""),
                 "episodes": len(rs),
                 "kl": _mean([r["kl"] for r in rs]),
                 "top1": _mean([r["top1"] for r in rs]),

@@ -132,18 +132,22 @@ def family(table: Table, pairs: Sequence[tuple[str, str]], modes: Sequence[str])
 # ----------------------------------------------------------------------- margin by position
 def first_eviction(record: Mapping) -> int:
     """The first stream position whose prediction can have seen an evicted cache: once the smallest
-    layer holds more than K + r entries (persistent; one token late for a scheme that evicts at
-    exactly K + r), or the end of the first appended chunk that takes the history past K, if earlier
-    (reprefill compresses there). Each layer's K is the Schedule's of the record's own settings
-    (PyramidKV's split depends on its window)."""
+    layer holds more than its trigger (persistent: K + 2r under recent-buffer, K + r under topk-all;
+    one token late for a scheme that evicts at exactly the trigger), or the end of the first appended
+    chunk that takes the history past K, if earlier (reprefill compresses there). Each layer's K and
+    the trigger are the Schedule's of the record's own settings (PyramidKV's split depends on its
+    window)."""
     from kvagent.runspec import RunSpec
     from kvagent.runtime.schedule import Schedule
 
     spec = RunSpec.from_record(record)
+    n_layers = int(record.get("n_layers") or 1)
     k = int(record["budget"])
+    schedule = Schedule(spec, None, n_layers)  # the trigger asks no policy
     with suppress(ConfigError):  # a policy (or option) that has left the registry: its uniform K
-        k = min(Schedule.of(spec, int(record.get("n_layers") or 1)).layer_budgets(0))
-    at = k + spec.buffer + 1
+        schedule = Schedule.of(spec, n_layers)
+        k = min(schedule.layer_budgets(0))
+    at = schedule.trigger(k) + 1
     if record.get("mode") == "reprefill":
         ends = [e for e in record.get("append_ends") or [] if e > k]
         if ends:
