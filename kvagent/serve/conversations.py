@@ -40,12 +40,19 @@ from kvagent.serve.offload import Offload, Stored
 
 TOMBSTONES = 256  # dropped conversations remembered (their token ids only)
 GONE = {  # why a request that must continue its session cannot, by the reason it would start anew
-    "new": "no session on this server continues this conversation (never served here, or lost in a restart "
-    "without --session-dir)",
-    "dropped": "its session was dropped for memory (no room left in --swap-space or --session-dir) or lost "
-    "(a server killed before it saved it)",
+    "new": "no session on this server continues this conversation (never served here, lost in a restart "
+    "without --session-dir, or its saved files could not be read)",
     "busy": "its session is serving another request",
     "diverged": "the prompt differs from its session inside the first turn",
+}
+CAUSES = {  # reason "dropped": the one thing that happened to its session
+    "kv_memory": "its session was dropped for memory (past --kv-memory, with no room left in --swap-space or "
+    "--session-dir)",
+    "max_sessions": "its session was dropped for memory (past --max-sessions, with no room left in --swap-space "
+    "or --session-dir)",
+    "lost": "its session was lost (a server killed before it saved it)",
+    "unreadable": "its saved session could not be read back (a damaged file, or one holding another "
+    "conversation), and was moved to the session dir's unreadable/",
 }
 
 
@@ -90,6 +97,7 @@ class Plan:
     reprefilled: int = 0  # prompt tokens this server had fed before for this conversation, fed again
     restored: str = "none"  # continued: where its session came back from ("host" | "disk" | "none")
     tombstone: str | None = None  # new, reason dropped: the remembered conversation it restarts
+    cause: str | None = None  # new, reason dropped: why its session is gone (a key of CAUSES)
 
 
 class Conversations:
@@ -106,16 +114,19 @@ class Conversations:
         self.offload = offload  # where idle sessions go instead of being dropped (None: dropped)
         self._lock = threading.Lock()
         self._live: dict[str, Conversation] = {}
-        self._dropped: OrderedDict[str, tuple[CacheConfig, array, int]] = OrderedDict()
-        # ids continue past those of sessions a previous server left on disk
-        saved = [*offload.stored(), *offload.lost] if offload else []
-        known = [int(s.id[1:]) for s in saved if s.id[1:].isdigit()]
-        self._ids = itertools.count(max(known, default=0) + 1)
+        self._dropped: OrderedDict[str, tuple[CacheConfig, array, int, str]] = OrderedDict()
+        # ids continue past every one a file in the session dir carries: never given twice
+        self._ids = itertools.count((offload.last_id if offload else 0) + 1)
         self.dropped = Counter()  # reason -> sessions dropped
         self.started = Counter()  # reason -> sessions started
-        # a killed server's conversations (markers without a session): their next request says so
-        for lost in offload.lost if offload else []:
-            self._tombstone(lost.id, lost.config, lost.history, lost.first, "lost")
+        # a killed server's conversations (markers without a session), and those whose session was
+        # found unreadable (now, counted; or by an earlier server, remembered only): their next
+        # request says so
+        for gone in offload.set_aside_before if offload else []:
+            self._tombstone(gone.id, gone.config, gone.history, gone.first, "unreadable", count=False)
+        for cause in ("lost", "unreadable"):
+            for gone in getattr(offload, cause) if offload else []:
+                self._tombstone(gone.id, gone.config, gone.history, gone.first, cause)
 
     # ----------------------------------------------------------------- leases
     def lease(
@@ -131,20 +142,22 @@ class Conversations:
         until `release`. With `require` (kv_require_session), a prompt that continues a
         conversation (`continues`: it holds an earlier reply; or one this server dropped) and
         finds no session to continue is refused with a 409 instead of re-prefilled."""
-        with self._lock:
-            plan = self._match(prompt, config)
-            if plan.status == "continued":
-                plan.conv.busy = True
-                if plan.conv.stored is None:
-                    return plan
-        if plan.status == "continued":  # a stored session: bring it back, outside the lock
-            restored = self._bring_back(plan)
-            if restored is not None:
-                return restored
-            plan = Plan(None, "new", "dropped", reprefilled=plan.keep)  # type: ignore[arg-type]
+        while True:
+            with self._lock:
+                plan = self._match(prompt, config)
+                if plan.status == "continued":
+                    plan.conv.busy = True
+                    if plan.conv.stored is None:
+                        return plan
+            if plan.status != "continued":
+                break
+            if self._bring_back(plan):  # a stored session, brought back outside the lock
+                return plan
+            # unreadable: its conversation is now remembered as dropped; match again
         if require and (continues or plan.reason != "new"):
+            why = CAUSES[plan.cause] if plan.reason == "dropped" else GONE[plan.reason]
             raise RequestError(
-                f"kv_require_session: {GONE[plan.reason]}; send it without kv_require_session to start the "
+                f"kv_require_session: {why}; send it without kv_require_session to start the "
                 "conversation over (its history re-prefilled)",
                 status=409,
                 param="kv_require_session",
@@ -169,22 +182,24 @@ class Conversations:
         self._move_out(victims)
         return plan
 
-    def _bring_back(self, plan: Plan) -> Plan | None:
+    def _bring_back(self, plan: Plan) -> bool:
+        """The plan's stored session live again; False where it cannot be read back (another
+        model's file, a damaged one, one of another conversation: set aside by the offload), its
+        conversation then remembered as dropped, `unreadable`."""
         conv = plan.conv
         stored, conv.stored = conv.stored, None
         try:
             conv.session = self.offload.bring_back(stored)
             conv.kv_bytes = conv.session.stats.total_kv_bytes
-        except (ConfigError, OSError):  # unreadable (another model's file, a damaged one): lost
+        except (ConfigError, OSError):
             with self._lock:
                 del self._live[conv.id]
-                self.offload.failed += 1
-                self.dropped["unreadable"] += 1
-            return None
+                self._tombstone(stored.id, stored.config, stored.history, stored.first, "unreadable")
+            return False
         with self._lock:
             victims = self._trim(keep=conv)
         self._move_out(victims)
-        return plan
+        return True
 
     def _match(self, prompt: list[int], config: CacheConfig) -> Plan:
         best, best_d, reason, known = None, -1, "new", 0
@@ -223,14 +238,16 @@ class Conversations:
                     restored=where,
                 )  # fmt: skip
             reason, known = "diverged", best_d
-        tombstone = None
-        for key, (cfg, tokens, first) in reversed(self._dropped.items()):
+        tombstone = cause = None
+        for key, (cfg, tokens, first, why) in reversed(self._dropped.items()):
             if cfg == config and len(prompt) > first:
                 d = common_prefix(prompt, tokens)
                 if d >= first:
-                    reason, known, tombstone = "dropped", d, key
+                    reason, known, tombstone, cause = "dropped", d, key, why
                     break
-        return Plan(None, "new", reason, reprefilled=min(known, len(prompt)), tombstone=tombstone)  # type: ignore[arg-type]
+        return Plan(
+            None, "new", reason, reprefilled=min(known, len(prompt)), tombstone=tombstone, cause=cause
+        )  # type: ignore[arg-type]
 
     def release(self, conv: Conversation, kv_bytes: int) -> None:
         with self._lock:
@@ -286,10 +303,13 @@ class Conversations:
                 for s in lost:
                     self._tombstone(s.id, s.config, s.history, s.first, reason)
 
-    def _tombstone(self, cid: str, config: CacheConfig, history: array, first: int, reason: str) -> None:
-        """Count a dropped session and remember its tokens (its next request says `dropped`)."""
-        self.dropped[reason] += 1
-        self._dropped[cid] = (config, history, first)
+    def _tombstone(
+        self, cid: str, config: CacheConfig, history: array, first: int, reason: str, count: bool = True
+    ) -> None:
+        """Count a dropped session and remember its tokens and why (its next request says `dropped`,
+        its 409 the cause)."""
+        self.dropped[reason] += count
+        self._dropped[cid] = (config, history, first, reason)
         while len(self._dropped) > TOMBSTONES:
             self._dropped.popitem(last=False)
 

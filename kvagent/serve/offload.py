@@ -8,13 +8,22 @@ its history would instead change the experiment's protocol (a dense prefill and 
 memory holds the most recently moved-out sessions: when it is full, its oldest go to disk, or are
 dropped (counted) where there is no disk. A session on disk is a `<id>.kvs` file (persist's format)
 and a `<id>.json` beside it: what matching a request needs without loading the file (its config,
-first append and token history)."""
+first append and token history), written before the session, so a server killed between the two
+leaves a conversation without a session (lost), never a session beside another one's history.
+
+A session comes back only if its file reads back whole (persist: header, length, checksum) and
+holds the very token history its conversation was matched by; otherwise its files are moved to
+`DIR/unreadable/` (one log line) and its conversation is counted dropped, `unreadable`. Ids are
+numbered past every session file in the directory (moved-aside ones included), so a new
+conversation never takes an id some file still carries."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import threading
 import time
 from array import array
@@ -28,6 +37,9 @@ from kvagent.fileio import atomic_write_json
 from kvagent.runtime import CacheConfig, persist
 
 KEEP_LOST = 256  # markers of lost conversations kept (as many as dropped ones are remembered)
+UNREADABLE = "unreadable"  # the subdirectory files that cannot be read back are moved to
+SID = re.compile(r"s(\d+)")  # a session id: s<number>
+log = logging.getLogger("kvagent.serve")
 
 
 @dataclass(eq=False)
@@ -64,8 +76,10 @@ class Offload:
         self.outs, self.ins = Counter(), Counter()  # by where: "host" | "disk"
         self.bytes = Counter()  # "out" | "in"
         self.seconds = Counter()
-        self.failed = 0  # sessions that could not be read back (counted as dropped)
         self.lost: list[Stored] = []  # conversations a killed server had in memory (their markers)
+        self.unreadable: list[Stored] = []  # conversations whose saved session was found unreadable at start
+        self.set_aside_before: list[Stored] = []  # those set aside by an earlier server (not counted again)
+        self.last_id = 0  # the highest session number any file in the directory carries
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._scan()
@@ -135,12 +149,13 @@ class Offload:
             return True
 
     def _write(self, entry: Stored, state: persist.SessionState) -> Path | None:
-        """Write `entry` to the session dir (the session, then what matching needs); None where the
-        disk refuses (full: the session is dropped)."""
+        """Write `entry` to the session dir (what matching needs, then the session: a kill between
+        the two leaves the conversation lost, not paired with an older file); None where the disk
+        refuses (full: the session is dropped)."""
         path = self.dir / f"{entry.id}.kvs"
         try:
-            persist.write(state, self.engine, path)
             atomic_write_json(self.dir / f"{entry.id}.json", _sidecar(entry))
+            persist.write(state, self.engine, path)
         except OSError:
             self._remove(entry.id)
             return None
@@ -173,12 +188,25 @@ class Offload:
     # ----------------------------------------------------------------- in
     def bring_back(self, stored: Stored):
         """The claimed conversation's session, live again (a disk file is removed once loaded: the
-        session in memory is newer). A ConfigError or OSError where it cannot be read back."""
+        session in memory is newer). A ConfigError or OSError where it cannot be read back (its
+        files then moved aside): damaged, another model's, or holding another token history than
+        the one its conversation was matched by."""
         t0 = time.perf_counter()
-        if stored.state is not None:
-            session = persist.import_session(self.engine, stored.state)
-        else:
-            session = persist.load(stored.path, self.engine)
+        where = "session state" if stored.state is not None else f"session file {stored.path}"
+        try:
+            state = stored.state if stored.state is not None else persist.read(stored.path, self.engine)
+            history = state.tensors["history"].tolist()
+            if history != stored.history.tolist():
+                raise ConfigError(
+                    f"{where}: holds {len(history)} tokens of another conversation than the {len(stored.history)} "
+                    f"its conversation {stored.id} was matched by; it is not this conversation's session"
+                )
+            session = persist.import_session(self.engine, state, where)
+        except (ConfigError, OSError, KeyError) as e:
+            if stored.path is not None:
+                self.set_aside(stored.id, str(e))
+            raise ConfigError(str(e)) from None
+        if stored.path is not None:
             stored.path.unlink(missing_ok=True)  # its .json stays: the conversation's marker
         with self._lock:
             self.ins[stored.where] += 1
@@ -195,27 +223,76 @@ class Offload:
         with contextlib.suppress(OSError):  # only a marker: the conversation is served all the same
             atomic_write_json(self.dir / f"{conv.id}.json", _sidecar(entry))
 
+    def set_aside(self, sid: str, why: str) -> None:
+        """Move a session's files that cannot be read back to DIR/unreadable (kept for a look, never
+        found again as saved sessions), with one log line."""
+        moved, dest = [], self.dir / UNREADABLE
+        for suffix in (".kvs", ".json"):
+            path = self.dir / f"{sid}{suffix}"
+            with contextlib.suppress(OSError):
+                if path.exists():
+                    dest.mkdir(exist_ok=True)
+                    os.replace(path, dest / path.name)
+                    moved.append(path.name)
+        if moved:
+            log.warning("kvagent serve: %s moved to %s: %s", " and ".join(moved), dest, " ".join(why.split()))
+
+    def _known(self, folder: Path, sid: str) -> Stored | None:
+        """What a conversation's files still tell of it: its .json, else its session file's meta and
+        history (unchecked: only to name the conversation whose session is gone); None: nothing."""
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, ConfigError):
+            return _read_sidecar(folder / f"{sid}.json")
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, ConfigError):
+            meta, history = persist.peek(folder / f"{sid}.kvs")
+            first = meta["prompt_length"] or len(history)
+            return Stored(sid, CacheConfig(**meta["config"]), first, array("l", history), 0, 0, 0)
+        return None
+
     def _scan(self) -> None:
-        """The sessions a previous server left in the session dir; markers without a session are
-        the conversations it lost (killed before saving them): the newest KEEP_LOST are kept."""
+        """The sessions a previous server left in the session dir. Markers without a session are the
+        conversations it lost (killed before saving them): the newest KEEP_LOST are kept. A session
+        whose files cannot be read (a .json that does not parse, a .kvs cut short or not a session,
+        a .kvs without its .json) is moved aside; its conversation, where known, is `unreadable`.
+        Temp files a killed writer left are removed."""
+        aside = self.dir / UNREADABLE
+        files = [*self.dir.iterdir(), *(aside.iterdir() if aside.is_dir() else [])]
+        self.last_id = max([0, *(_number(p.name.lstrip(".").split(".")[0]) for p in files)])
+        sids = sorted({_number(p.name.split(".")[0]) for p in files if p.parent == aside} - {-1})
+        known = (self._known(aside, f"s{n}") for n in sids[-KEEP_LOST:])
+        self.set_aside_before = [entry for entry in known if entry is not None]
+        for tmp in self.dir.glob(".*.tmp"):  # fileio's atomic writes: .<name>.<random>.tmp
+            if _number(tmp.name[1:].split(".")[0]) >= 0:
+                tmp.unlink(missing_ok=True)
         lost = []
         for side in sorted(self.dir.glob("*.json")):
             path = side.with_suffix(".kvs")
             try:
-                d = json.loads(side.read_text())
-                entry = Stored(side.stem, CacheConfig(**d["config"]), d["first"], array("l", d["history"]),
-                               d["reply_start"], d["requests"], d["nbytes"], path=path)  # fmt: skip
-                mtime = side.stat().st_mtime
-            except (OSError, ValueError, KeyError, TypeError, ConfigError):
+                entry = _read_sidecar(side)
+            except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
+                if SID.fullmatch(side.stem):  # ours, and damaged: set aside (its session with it)
+                    if (named := self._known(self.dir, side.stem)) is not None:
+                        self.unreadable.append(named)  # known from its session file: it says so
+                    self.set_aside(side.stem, f"its .json cannot be read ({type(e).__name__}: {e})")
                 continue  # not ours: ignored, never deleted
-            if path.exists():
-                self.disk[entry.id] = entry
-            else:
-                lost.append((mtime, entry))
-        lost.sort(key=lambda x: x[0])
-        for _, entry in lost[:-KEEP_LOST]:
+            if not path.exists():
+                lost.append(entry)
+                continue
+            try:
+                persist.inspect(path, self.engine)  # the header only: the data is checked on the way in
+            except (ConfigError, OSError) as e:
+                self.set_aside(entry.id, str(e))
+                self.unreadable.append(entry)
+                continue
+            self.disk[entry.id] = entry
+        for path in self.dir.glob("*.kvs"):
+            if SID.fullmatch(path.stem) and not path.with_suffix(".json").exists():
+                self.set_aside(
+                    path.stem, "a session file without its .json (the conversation it belongs to is unknown)"
+                )
+        lost.sort(key=lambda e: _number(e.id))  # ids grow: the highest are the newest
+        for entry in lost[:-KEEP_LOST]:
             (self.dir / f"{entry.id}.json").unlink(missing_ok=True)
-        self.lost = [entry for _, entry in lost[-KEEP_LOST:]]
+        self.lost = lost[-KEEP_LOST:]
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -232,6 +309,17 @@ class Offload:
             "swap_moved_bytes": dict(self.bytes),
             "swap_seconds": dict(self.seconds),
         }
+
+
+def _number(sid: str) -> int:
+    m = SID.fullmatch(sid)
+    return int(m[1]) if m else -1
+
+
+def _read_sidecar(side: Path) -> Stored:
+    d = json.loads(side.read_text())
+    return Stored(side.stem, CacheConfig(**d["config"]), d["first"], array("l", d["history"]), d["reply_start"],
+                  d["requests"], d["nbytes"], path=side.with_suffix(".kvs"))  # fmt: skip
 
 
 def _sidecar(entry: Stored) -> dict[str, Any]:

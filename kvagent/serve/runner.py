@@ -127,6 +127,7 @@ def serve_job(conversations: Conversations, job: Job) -> Outcome:
         "session": conv.id,
         "status": plan.status,
         "reason": plan.reason,
+        "cause": plan.cause,  # reason dropped: kv_memory, max_sessions, lost or unreadable
         "divergence": plan.depth,
         "requests": conv.requests,
         "logical_length": stats.logical_length,
