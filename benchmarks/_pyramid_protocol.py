@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kvagent.bench.sources import load_episodes
 from kvagent.bench.stream import build_stream
+from kvagent.cli.settings import add_arguments
 from kvagent.options import split_list
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,7 +23,7 @@ def add_protocol_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--n", type=int, default=3, help="episodes (the first long enough)")
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--forced", type=int, default=256)
-    ap.add_argument("--window", type=int, default=64)
+    add_arguments(ap, one=["window"], window=64)
     ap.add_argument("--kernel", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
 

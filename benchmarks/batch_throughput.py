@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from kvagent.cli.settings import add_arguments
 from kvagent.options import split_list
 from kvagent.runtime import CacheConfig, Engine
 
@@ -152,11 +153,10 @@ def run(args) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny random model, small K (a smoke run)")
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--policy", default="random")
+    # K default 1024 (quick 32), r 128 (quick 8)
+    add_arguments(ap, one=["policy", "buffer"], tokens=["budget"], engine=["model"], policy="random", budget=None,
+                  buffer=None)  # fmt: skip
     ap.add_argument("--ns", default=None, help="session counts, e.g. 1,2,4,8,16")
-    ap.add_argument("--budget", type=int, default=None, help="K (default 1024; quick 32)")
-    ap.add_argument("--buffer", type=int, default=None, help="r (default 128; quick 8)")
     ap.add_argument("--steps", type=int, default=None, help="timed decode steps per session")
     ap.add_argument("--memory-gib", type=float, default=4.0, help="KV memory budget for the fit count")
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false", help="skip the HF batched ceiling")

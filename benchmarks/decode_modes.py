@@ -37,20 +37,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from decode_ab import block_times  # noqa: E402
 
+from kvagent.cli.settings import add_arguments  # noqa: E402
 from kvagent.runtime import CacheConfig, Engine  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--dtype", default="float32")
+    # the sessions' policy is random
+    add_arguments(ap, tokens=["budget"], one=["buffer"], engine=["model", "dtype"], dtype="float32", budget=256,
+                  buffer=32)  # fmt: skip
     ap.add_argument("--length", type=int, default=512, help="tokens prefilled before timing")
     ap.add_argument("--steps", type=int, default=16, help="decode steps per timed block")
     ap.add_argument("--blocks", type=int, default=12, help="timed blocks per mode")
     ap.add_argument("--batched", type=int, default=0, help="N > 1: N sessions per mode on a batching engine")
     ap.add_argument("--modes", default="eager,static,compiled", help="the first is the ratios' base")
-    ap.add_argument("--budget", type=int, default=256, help="K of the sessions' random policy")
-    ap.add_argument("--buffer", type=int, default=32, help="r of the sessions' random policy")
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: the steadiest on a shared machine)"
     )

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from kvagent.cli.settings import add_arguments
 from kvagent.options import split_list
 from kvagent.runtime import CacheConfig, Engine
 
@@ -187,14 +188,13 @@ def batched(engine, n: int, args, profile: bool) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny random model (a smoke run)")
-    ap.add_argument("--model", default="smollm2")
+    add_arguments(
+        ap, one=["policy", "buffer"], tokens=["budget"], engine=["model"], policy="random", budget=1024
+    )
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--ns", default="1,8", help="batched session counts (1 = solo only)")
     ap.add_argument("--length", type=int, default=1024, help="tokens prefilled before decoding")
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--policy", default="random")
-    ap.add_argument("--budget", type=int, default=1024)
-    ap.add_argument("--buffer", type=int, default=128)
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     ap.add_argument("--top", type=int, default=12, help="ops listed by self time")
     ap.add_argument("--json")

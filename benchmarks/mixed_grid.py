@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from kvagent.cli.settings import add_arguments
 from kvagent.runtime import CacheConfig, Engine
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -108,11 +109,9 @@ def composition(sched_mod):
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny random model (a smoke run)")
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--dtype", default="float32")
+    add_arguments(ap, tokens=["budget"], one=["buffer"], engine=["model", "dtype"], dtype="float32", budget=256,
+                  buffer=32)  # fmt: skip
     ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--budget", type=int, default=256)
-    ap.add_argument("--buffer", type=int, default=32)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--reply", type=int, default=96)
     ap.add_argument("--batched-only", action="store_true", help="skip the one-after-another run")

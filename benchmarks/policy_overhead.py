@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _model  # noqa: E402
 
 from kvagent.bench.speed import decode_latency  # noqa: E402
+from kvagent.cli.settings import add_arguments  # noqa: E402
 from kvagent.errors import ConfigError  # noqa: E402
 from kvagent.options import split_list  # noqa: E402
 from kvagent.runtime import Engine  # noqa: E402
@@ -46,9 +47,9 @@ def policy_args(policy: str, head_budget: str = "uniform") -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small model, K=512 (a smoke run)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--head-budget", default="uniform", help="comma list of: uniform, adaptive")
+    add_arguments(
+        ap, many=["policy", "head_budget"], engine=["device"], device="cpu", policies=",".join(POLICIES)
+    )
     args = ap.parse_args()
     budgets = split_list(args.head_budget, "head-budget")
     model = _model.build(args.quick)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from kvagent.cli.settings import add_arguments
 from kvagent.runtime import CacheConfig, Engine
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -60,7 +61,7 @@ def conversation(engine, cfg, seed: int, args, stagger: int) -> dict:
 
 def one_round(engine, budget: int | None, args, round_index: int) -> dict:
     engine.scheduler.prefill_budget = budget
-    cfg = CacheConfig(policy=args.policy, budget=args.kv_budget, buffer=args.buffer, protect="sink", seed=1)
+    cfg = CacheConfig(policy=args.policy, budget=args.budget, buffer=args.buffer, protect="sink", seed=1)
     results: list[dict] = [{} for _ in range(args.sessions)]
 
     def job(i):
@@ -81,8 +82,8 @@ def one_round(engine, budget: int | None, args, round_index: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--dtype", default="float32")
+    # --budget: the cache's K (evicting policies); --budget-tokens: the prefill budget compared
+    add_arguments(ap, one=["policy", "buffer"], tokens=["budget"], engine=["model", "dtype"], dtype="float32")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--prompt", type=int, default=1200, help="first prompt tokens")
     ap.add_argument("--tool", type=int, default=500, help="mean tool-output tokens per turn (0.5x-1.5x)")
@@ -90,9 +91,6 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--stagger", type=int, default=4, help="session i decodes i*stagger tokens first")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per setting (alternating)")
-    ap.add_argument("--policy", default="full")
-    ap.add_argument("--kv-budget", type=int, default=None, help="the cache budget K (evicting policies)")
-    ap.add_argument("--buffer", type=int, default=128)
     ap.add_argument("--budget-tokens", type=int, default=512, help="the prefill budget compared with none")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()

@@ -20,6 +20,7 @@ from kvagent.bench import replay as rp
 from kvagent.bench.sources import load_episodes
 from kvagent.bench.stream import build_stream
 from kvagent.bench.study.design import budget_for
+from kvagent.cli.settings import add_arguments
 from kvagent.options import split_list
 from kvagent.runtime import CacheConfig, Engine
 
@@ -28,7 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", default="../shared/data/trajectories_dev.jsonl")
     ap.add_argument("--ids", required=True, help="episode ids, comma-separated")
-    ap.add_argument("--policies", default="snapkv,nexus")
+    add_arguments(ap, many=["policy"], policies="snapkv,nexus")
     ap.add_argument("--max-tokens", type=int, default=8000)
     ap.add_argument("--fraction", type=float, default=0.1)
     args = ap.parse_args()

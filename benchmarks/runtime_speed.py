@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _model  # noqa: E402
 
 from kvagent.bench.speed import decode_latency  # noqa: E402
+from kvagent.cli.settings import add_arguments  # noqa: E402
 from kvagent.runtime import CacheConfig, Engine  # noqa: E402
 
 
@@ -57,7 +58,7 @@ def session_per_token(engine, prompt: list[int], n: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small model and lengths (a smoke run)")
-    ap.add_argument("--policy", default="random", help="evicting policy for the length sweep")
+    add_arguments(ap, one=["policy"], policy="random")  # the evicting policy of the length sweep
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     torch.manual_seed(0)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from kvagent.cli.settings import add_arguments
+from kvagent.options import parse_budgets
 from kvagent.runtime import CacheConfig, Engine, persist
 
 QWEN3_32B = dict(layers=64, kv_heads=8, head_dim=128, q_heads=64, vocab=151_936, item=2)  # bf16
@@ -48,7 +50,7 @@ def qwen3_32b_bytes(k: int, r: int = 128, window: int = 16) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budgets", default="256,512,1024,2048")
+    add_arguments(ap, many=["budget"], budgets="256,512,1024,2048")
     ap.add_argument("--history", type=int, default=3072)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where the session files go")
@@ -60,7 +62,7 @@ def main() -> None:
     print("| K | entries / head | state MiB | to host ms | from host ms | save ms | load ms | file MiB | "
           "re-prefill ms | re-prefill / load |")  # fmt: skip
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for k in [int(x) for x in args.budgets.split(",")]:
+    for k in parse_budgets(args.budgets):
         cfg = CacheConfig(policy="snapkv", budget=k, buffer=128, protect="sink")
         t0 = time.perf_counter()
         session = engine.session(cfg)

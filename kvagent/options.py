@@ -1,9 +1,10 @@
-"""Parsing of command-line values shared by every command: comma lists, budgets and policy arguments."""
+"""Parsing of command-line values shared by every command: comma lists, a sweep's budgets (each by
+`runtime.config.budget_value`, the one budget check) and policy arguments."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from kvagent.errors import ConfigError
@@ -18,48 +19,12 @@ def split_list(text: str | Sequence[str], what: str) -> list[str]:
     return items
 
 
-def parse_budget(text: str | None, what: str = "budget") -> int | float | None:
-    """`1024` tokens, `0.2` of the logical length, or `none`/`dense` for no eviction."""
-    if text is None or text.strip().lower() in ("none", "dense", ""):
-        return None
-    item = text.strip()
-    try:
-        b: int | float = float(item) if any(c in item for c in ".eE") else int(item)
-    except ValueError:
-        raise ConfigError(
-            f"{what}: {item!r} is not a number; pass tokens (1024) or a fraction (0.2)"
-        ) from None
-    return int(b) if isinstance(b, float) and b.is_integer() else b
-
-
-def budget_problem(policy: str, budget: Any, say: Callable[..., str]) -> str | None:
-    """The rule of a run's cache settings that spans two fields, which CacheConfig leaves to the
-    commands (it takes a policy without a budget as the full cache): a policy evicts only under a
-    budget, and `full` takes none. `say(field, value=None)` spells a setting as the caller takes it
-    (`--budget 1024`, `kv_budget 1024`); None when the settings are fine."""
-    if policy != "full" and budget is None:
-        return (
-            f"budget: {say('policy', policy)} evicts only under a budget; add {say('budget', 'K')} (e.g. "
-            f"{say('budget', 1024)}) or a fraction ({say('budget', 0.2)}), or use {say('policy', 'full')}"
-        )
-    if policy == "full" and budget is not None:
-        return (
-            f"budget: {say('policy', 'full')} never evicts, so {say('budget', budget)} would do nothing; pick "
-            f"an evicting policy (e.g. {say('policy', 'snapkv')}) or drop {say('budget')}"
-        )
-    return None
-
-
 def parse_budgets(text: str | Sequence[str], what: str = "budgets") -> list[int | float | None]:
-    """A sweep's budgets, range-checked up front so a bad value fails before any run starts
-    (a single budget is checked by CacheConfig)."""
-    out = []
-    for item in split_list(text, what):
-        b = parse_budget(item, what)
-        if b is not None and ((isinstance(b, int) and b < 1) or (isinstance(b, float) and not 0 < b < 1)):
-            raise ConfigError(f"{what}: {item} must be >= 1 token or a fraction in (0,1)")
-        out.append(b)
-    return out
+    """A sweep's budgets, each parsed and range-checked up front by `config.budget_value` (the one
+    budget check), so a bad value fails before any run starts."""
+    from kvagent.runtime.config import budget_value
+
+    return [budget_value(item, what) for item in split_list(text, what)]
 
 
 def parse_policy_args(items: Sequence[str] | None, policies: Sequence[str]) -> dict[str, dict[str, Any]]:

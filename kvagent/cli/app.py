@@ -84,7 +84,7 @@ def demo(
     """The main job on the bundled small model: compare eviction policies on a coding-agent episode."""
     from kvagent.cli.demo import run_demo
 
-    run_demo(**engine.arguments(), out=out, budget=cache.budget, turns=turns, seed=seed, progress=not quiet)
+    run_demo(engine, out=out, budget=cache.budget, turns=turns, seed=seed, progress=not quiet)
 
 
 @app.command()
@@ -112,7 +112,7 @@ def solve(
     from kvagent.cli.solve import run_solve
 
     run_solve(
-        issue=issue, repo=repo, image=image, **engine.arguments(), out=out, isolation=isolation, network=network,
+        issue=issue, repo=repo, image=image, engine=engine, out=out, isolation=isolation, network=network,
         cache=cache, agent=agent.fixed(seed=cache.seed),
     )  # fmt: skip
 
@@ -145,7 +145,7 @@ def chat(
     from kvagent.cli.chat import run_chat
 
     run_chat(
-        repo=repo, **engine.arguments(), approval=approval, isolation=isolation,
+        repo=repo, engine=engine, approval=approval, isolation=isolation,
         cache=cache, agent=agent.fixed(seed=cache.seed), session_file=session,
     )  # fmt: skip
 

@@ -61,7 +61,7 @@ def bench_fidelity(
     from kvagent.cli.bench import run_fidelity_bench
 
     run_fidelity_bench(
-        **engine.arguments(), cache=cache, episodes=episodes, out=out, max_tokens=max_tokens, quiet=quiet,
+        engine=engine, cache=cache, episodes=episodes, out=out, max_tokens=max_tokens, quiet=quiet,
         reuse_prefix=reuse_prefix, history=history,
     )  # fmt: skip
 
@@ -126,7 +126,7 @@ def bench_study(
         run_segments_bench(engine=engine, episodes=episodes, out=out, quiet=quiet, report_only=report_only)
         return
     run_study_bench(
-        claim=claim, **engine.arguments(), episodes=episodes, out=out, concurrency=concurrency,
+        claim=claim, engine=engine, episodes=episodes, out=out, concurrency=concurrency,
         estimate_only=estimate_only, report_only=report_only, quiet=quiet, reuse_prefix=reuse_prefix,
     )  # fmt: skip
 
@@ -157,7 +157,7 @@ def bench_speed(
     from kvagent.cli.bench import run_speed_bench
 
     run_speed_bench(
-        **engine.arguments(), policies=cache.policies, lengths=lengths, budget=cache.budget, buffer=cache.buffer,
+        engine=engine, policies=cache.policies, lengths=lengths, budget=cache.budget, buffer=cache.buffer,
         policy_arg=cache.policy_arg, steps=steps, episode=episode, out=out, quiet=quiet, framework=cache.framework,
     )  # fmt: skip
 

@@ -105,29 +105,15 @@ def eval_(
     """Run the agent over SWE-bench instances for each policy x mode x budget x seed."""
     if workers is not None:
         typer.echo("kvagent: --workers is deprecated; use --concurrency", err=True)
-    if ray is not None:  # the same sweep on Ray actors; without --ray, Ray is never imported
-        if isolation != "bwrap":
-            fail("--isolation none is not available with --ray; Ray workers always use bwrap")
-        from functools import partial
-
-        from kvagent.cli.eval_ray import run_eval_ray
-
-        run_eval = partial(
-            run_eval_ray, ray_address=ray, engines=engines, image_registry=image_registry, network=network
-        )
-    else:
-        if engines is not None or image_registry is not None:
-            fail("--engines and --image-registry need --ray (e.g. --ray auto)")
-        from functools import partial
-
-        from kvagent.cli.eval import run_eval
-
-        run_eval = partial(run_eval, isolation=isolation, network=network)
-    from kvagent.cli.eval import EvalSweep
+    if ray is not None and isolation != "bwrap":
+        fail("--isolation none is not available with --ray; Ray workers always use bwrap")
+    if ray is None and (engines is not None or image_registry is not None):
+        fail("--engines and --image-registry need --ray (e.g. --ray auto)")
+    from kvagent.cli.eval import EvalOptions, EvalSweep
 
     # The options as given, recorded as OUT/grid.yaml (`--config` reads it back).
     grid = {
-        "dataset": dataset, "split": split, "instances": instances, **cache.given(), **engine.arguments(),
+        "dataset": dataset, "split": split, "instances": instances, **cache.given(), **engine.given(),
         "env": env, "repos": repos, "grade": grade, "concurrency": concurrency, "workers": workers,
         "config": config, **agent.given(), "network": network, "out": out,
         "ray": ray, "engines": engines, "image_registry": image_registry, "isolation": isolation,
@@ -137,7 +123,17 @@ def eval_(
         agent=agent.fixed(prompt_style="repo_first", seed=0),
         concurrency=concurrency if workers is None else workers,
     )  # fmt: skip
-    run_eval(**engine.arguments(), env=env, repos=repos, grade=grade, grid=grid, sweep=sweep)
+    options = EvalOptions(
+        engine, sweep, env, repos, grade, isolation, network, grid, ray, engines, image_registry
+    )
+    if ray is not None:  # the same sweep on Ray actors; without --ray, Ray is never imported
+        from kvagent.cli.eval_ray import run_eval_ray
+
+        run_eval_ray(options)
+    else:
+        from kvagent.cli.eval import run_eval
+
+        run_eval(options)
 
 
 @user_errors

@@ -68,7 +68,7 @@ def serve(
     from kvagent.cli.serve import run_serve
 
     run_serve(
-        **engine.arguments(), max_batch=max_batch, kv_memory=kv_memory, host=host, port=port, max_queue=max_queue,
+        engine=engine, max_batch=max_batch, kv_memory=kv_memory, host=host, port=port, max_queue=max_queue,
         max_sessions=max_sessions, drain_timeout=drain_timeout, served_model_name=served_model_name,
         log_level=log_level, swap_space=swap_space, session_dir=session_dir,
         cache=cache,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvagent.cli.common import check_out_dir, load_engine, resume_hint
-from kvagent.cli.settings import CacheOptions
+from kvagent.cli.settings import CacheOptions, EngineOptions
 from kvagent.errors import ConfigError
 from kvagent.options import parse_budgets, parse_policy_args, split_list
 
@@ -45,8 +45,8 @@ _ONE_OR_LISTED = ("buffer", "window", "seed", "protect")
 
 
 def run_fidelity_bench(
-    *, model, cache: CacheOptions, episodes, out, max_tokens, quiet, device="auto", dtype="auto", reuse_prefix=True,
-    decode_step="auto", linear="auto", history="keep",
+    *, engine: EngineOptions, cache: CacheOptions, episodes, out, max_tokens, quiet, reuse_prefix=True,
+    history="keep",
 ) -> list[dict]:  # fmt: skip
     """`cache`: the lists to sweep (policies, modes, budgets, scopes, protect), one buffer, window and
     seed, and each other cache field it takes as a comma list of values (`--head-budget
@@ -91,7 +91,8 @@ def run_fidelity_bench(
                       f"({DEFAULTS[name]} only)")  # fmt: skip
     check_out_dir(out)
     eps = load_episodes(list(episodes), open_env=local_sandbox)
-    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step, linear=linear)
+    model = engine.model
+    engine = load_engine(engine)
     streams = [build_stream(e, engine.tokenizer, max_tokens=max_tokens) for e in eps]
     _check_context(streams, engine.max_context, model)
     with resume_hint(out), Bars(enabled=not quiet) as bars:
@@ -104,8 +105,8 @@ def run_fidelity_bench(
 
 
 def run_speed_bench(
-    *, model, policies, lengths, budget, buffer, policy_arg, steps, episode, device, dtype, out, quiet,
-    framework="recent-buffer", decode_step="auto", linear="auto",
+    *, engine: EngineOptions, policies, lengths, budget, buffer, policy_arg, steps, episode, out, quiet,
+    framework="recent-buffer",
 ) -> dict:  # fmt: skip
     from kvagent.bench.sources import load_episodes
     from kvagent.bench.speed import run_speed, speed_config
@@ -120,13 +121,12 @@ def run_speed_bench(
         raise ConfigError(f"lengths: {lengths!r} must be comma-separated integers") from None
     if lens[0] < 1 or budget < 1 or buffer < 1 or steps < 1:
         raise ConfigError("lengths, budget, buffer and steps must be >= 1")
-    if device not in ("auto", "cpu") and not device.startswith("cuda"):
-        raise ConfigError(f"device: got {device!r}; use auto, cpu or cuda")
     args = parse_policy_args(policy_arg, pols)
     sweep(pols, ["persistent"], [budget], buffer=buffer, framework=framework, policy_args=args)  # fmt: skip
     check_out_dir(out)
     ep = load_episodes([episode], open_env=local_sandbox)[0]
-    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step, linear=linear)
+    model = engine.model
+    engine = load_engine(engine)
     for p in pols:  # the budget suits each policy (its block) and the model (its context)
         engine.session(speed_config(p, budget, buffer, args.get(p), framework))
     stream = build_stream(ep, engine.tokenizer)
@@ -140,8 +140,8 @@ def run_speed_bench(
 
 
 def run_study_bench(
-    *, claim, model, episodes, out, concurrency, estimate_only, report_only, quiet, device="auto", dtype="auto",
-    reuse_prefix=True, decode_step="auto", linear="auto",
+    *, claim, engine: EngineOptions, episodes, out, concurrency, estimate_only, report_only, quiet,
+    reuse_prefix=True,
 ) -> dict | None:  # fmt: skip
     """Run (or resume) one claim's pre-registered design: the episodes it chooses, the power
     calculation and the estimated time first; then study.md / episodes.md / .json / PNGs."""
@@ -164,6 +164,7 @@ def run_study_bench(
     if concurrency < 1:
         raise ConfigError(f"concurrency: must be >= 1, got {concurrency}")
     design = DESIGNS[claim]
+    model = engine.model
     out = out or f"study-{claim}"
     outp = check_out_dir(out)
     opts = [("claim", claim), ("model", model), *[("episodes", e) for e in episodes], ("out", out),
@@ -180,9 +181,7 @@ def run_study_bench(
     else:
         eps = load_episodes(list(episodes), open_env=local_sandbox)
         eps = [st.prepare(design, e) for e in eps]
-        engine = load_engine(
-            model, device=device, dtype=dtype, max_batch=concurrency, decode_step=decode_step, linear=linear
-        )
+        engine = load_engine(engine, max_batch=concurrency)
         try:
             streams = [build_stream(e, engine.tokenizer, max_tokens=design.max_tokens) for e in eps]
             picked, rows = select(design, streams)

@@ -25,7 +25,7 @@ from kvagent.agent.config import AgentConfig
 from kvagent.agent.loop import INTERRUPTED, AgentEvent, Turn
 from kvagent.agent.parser import ToolCall
 from kvagent.agent.tools import FINISH_TOOL
-from kvagent.cli.settings import AgentOptions, CacheOptions
+from kvagent.cli.settings import AgentOptions, CacheOptions, EngineOptions
 from kvagent.cli.ui import cache_status, trim_lines
 from kvagent.errors import ConfigError, KvagentError, Terminated
 
@@ -84,8 +84,7 @@ class ChatSession:
         console: Console | None = None,
         read_line: Callable[[str], str] | None = None,
         read_key: Callable[[str], str] = read_key,
-        budget: Any = None,
-        buffer: int = 0,
+        cache: Any = None,
         handle_sigint: bool = True,
     ) -> None:
         if approval not in APPROVALS:
@@ -94,7 +93,7 @@ class ChatSession:
         self.console = console or Console()
         self.read_line = read_line or input
         self.read_key = read_key
-        self.budget, self.buffer = budget, buffer
+        self.cache = cache  # the session's CacheConfig, for its status line (None: dense)
         self.handle_sigint = handle_sigint
         self.closed: str | None = None  # why no further request can be taken
         self._streamed = False
@@ -241,7 +240,7 @@ class ChatSession:
         self.console.print(Text(trim_lines(text, SHOWN_LINES), style="dim"))
 
     def _status_line(self) -> None:
-        self.console.print(Text(cache_status(self.session.stats, self.budget, self.buffer), style="dim cyan"))
+        self.console.print(Text(cache_status(self.session.stats, self.cache), style="dim cyan"))
 
     def _say(self, text: str, style: str = "") -> None:
         self.console.print(Text(text, style=style))
@@ -251,7 +250,7 @@ class ChatSession:
         generated = sum(t.reply_tokens for t in a.turns)
         return (
             f"requests {a.requests} | steps {len(a.turns)} | prompt {a.prompt_tokens:,} tokens | "
-            f"generated {generated:,} tokens\n{cache_status(self.session.stats, self.budget, self.buffer)}"
+            f"generated {generated:,} tokens\n{cache_status(self.session.stats, self.cache)}"
         )
 
     # ----------------------------------------------------------------- the patch
@@ -329,17 +328,13 @@ class ChatSession:
 def run_chat(
     *,
     repo: str = ".",
-    model: str,
+    engine: EngineOptions,
     cache: CacheOptions | Mapping[str, Any],
     agent: AgentOptions | Mapping[str, Any],
     approval: str = "confirm",
-    device: str = "auto",
-    dtype: str = "auto",
     isolation: str = "bwrap",
     console: Console | None = None,
     session_file: str | None = None,
-    decode_step: str = "auto",
-    linear: str = "auto",
 ) -> ChatSession:
     """`kvagent chat`: validate, load the model, copy the repository (default: the current directory)
     into a sandbox, then chat. With `session_file`, a chat saved there continues (its cache config
@@ -356,8 +351,8 @@ def run_chat(
         raise ConfigError(f"approval: got {approval!r}; choose one of {', '.join(APPROVALS)}")
     spec = environments.with_isolation(sandbox_spec(repo, None), isolation)
     console = console or Console()
-    console.print(Text(f"loading model {model} ...", style="dim"))
-    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step, linear=linear)
+    console.print(Text(f"loading model {engine.model} ...", style="dim"))
+    engine = load_engine(engine)
     # The first request is not known yet: its prompt counted without it (the least it can be).
     check_before_sandbox(engine, cfg, config, "", sandbox_workdir(spec["backend"]))
     resume = session_file is not None and Path(session_file).exists()
@@ -380,8 +375,7 @@ def run_chat(
             config,
             approval=approval,
             console=console,
-            budget=cfg.budget if cfg.evicts else None,
-            buffer=cfg.buffer,
+            cache=cfg,
         )
         if resume:
             chat_resume.resume_chat(chat, session_file)

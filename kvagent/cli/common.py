@@ -7,10 +7,13 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvagent.errors import ConfigError
-from kvagent.options import budget_problem, parse_budget, parse_policy_args, split_list
+from kvagent.options import parse_policy_args, split_list
+
+if TYPE_CHECKING:  # settings.py builds its configs with this module's helpers
+    from kvagent.cli.settings import EngineOptions
 
 
 def _dir_problem(target: Path) -> str | None:
@@ -78,9 +81,7 @@ def sandbox_workdir(backend: str) -> str:
     return os.path.join(root, "repo")
 
 
-def check_engine(
-    device: str = "auto", decode_step: str = "auto", linear: str = "auto", dtype: str = "auto"
-) -> None:
+def check_engine(engine: EngineOptions) -> None:
     """--device, --decode-step and --linear on this machine (graph needs CUDA, packed a CPU),
     before the model is read."""
     import torch
@@ -89,36 +90,39 @@ def check_engine(
     from kvagent.runtime.engine import resolve_device, resolve_dtype
     from kvagent.runtime.step import resolve_mode
 
+    device = engine.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"device: {device} asked for, but CUDA is not available here; use --device cpu or auto"
         )
     dev = resolve_device(device)
-    packing.resolve(linear, dev, resolve_dtype(dtype, dev), resolve_mode(decode_step, dev))
+    packing.resolve(
+        engine.linear, dev, resolve_dtype(engine.dtype, dev), resolve_mode(engine.decode_step, dev)
+    )
 
 
-def load_engine(
-    model: str,
-    device: str = "auto",
-    dtype: str = "auto",
-    max_batch: int = 1,
-    decode_step: str = "auto",
-    linear: str = "auto",
-) -> Any:
-    """The one place a command loads a model (`max_batch` > 1: concurrent sessions share forwards;
-    `decode_step`: runtime/step.py's mode; `linear`: runtime/linear.py's)."""
+def load_engine(engine: EngineOptions, max_batch: int = 1) -> Any:
+    """The one place a command loads a model, as its engine options say (`max_batch` > 1: concurrent
+    sessions share forwards)."""
     import os
 
     import torch
 
     from kvagent.runtime import Engine
+    from kvagent.runtime.engine import resolve_device
 
-    check_engine(device, decode_step, linear, dtype)
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+    check_engine(engine)
+    if resolve_device(engine.device).type == "cpu":
         # A shared CPU: more threads than cores only adds contention.
         torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
+    e = engine
     return Engine.load(
-        model, device=device, dtype=dtype, max_batch=max_batch, decode_step=decode_step, linear=linear
+        e.model,
+        device=e.device,
+        dtype=e.dtype,
+        max_batch=max_batch,
+        decode_step=e.decode_step,
+        linear=e.linear,
     )
 
 
@@ -128,17 +132,12 @@ def cache_config(
     """The CacheConfig of a one-run command (solve, chat, serve) from its cache options (`settings`:
     the other CacheConfig fields; `settings.CacheOptions.config` passes them all); a policy without a
     budget (or a budget without a policy) and unknown policy options fail here, before the model loads."""
-    from kvagent.runtime.config import CacheConfig, build_policy
+    from kvagent.runtime.config import CacheConfig, budget_problem, budget_value, build_policy
 
-    k = parse_budget(budget)
-    if isinstance(k, int) and k < 1:
-        raise ConfigError(
-            f"budget: must be >= 1 token, got {k}; pass tokens (1024), a fraction (0.2), or no --budget "
-            "for the full cache"
-        )
+    k = budget_value(budget)
     args = parse_policy_args(policy_arg, [policy]).get(policy, {})
     config = CacheConfig(policy=policy, budget=k, policy_args=args, **settings)
-    problem = budget_problem(policy, None if k is None else budget, _option)
+    problem = budget_problem(policy, k, _option)
     if problem:
         raise ConfigError(problem)
     if args:

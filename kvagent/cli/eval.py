@@ -17,7 +17,7 @@ from rich.live import Live
 from rich.table import Table
 
 from kvagent.cli.common import check_engine, check_out_dir, load_engine, parse_seeds, sandbox_workdir
-from kvagent.cli.settings import AgentOptions, CacheOptions
+from kvagent.cli.settings import AgentOptions, CacheOptions, EngineOptions
 from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.datasets import Instance
 from kvagent.evals.runner import EvalRun, EvalRunner, load_records, plan_runs
@@ -210,27 +210,33 @@ def check_images(instances: Sequence[Instance]) -> None:
         )
 
 
-def run_eval(
-    *,
-    model: str,
-    env: str,
-    repos: str | None,
-    grade: bool,
-    device: str = "auto",
-    dtype: str = "auto",
-    console: Console | None = None,
-    isolation: str = "bwrap",
-    network: str | None = None,  # None: the scaffold's
-    grid: Mapping[str, Any] | None = None,
-    sweep: EvalSweep,
-    decode_step: str = "auto",
-    linear: str = "auto",
-) -> dict[str, Any]:
-    """`sweep`: what runs (`plan_eval`). `grid`: the command's options as given, recorded as
-    OUT/grid.yaml."""
+@dataclass(frozen=True)
+class EvalOptions:
+    """All `kvagent eval` runs by, one object for `run_eval` and `run_eval_ray`: what runs (`sweep`),
+    the engine, where episodes run, and `grid`, the command's options as given (OUT/grid.yaml).
+    `ray`, `engines` and `image_registry` are --ray's (its cluster address)."""
+
+    engine: EngineOptions
+    sweep: EvalSweep
+    env: str
+    repos: str | None = None
+    grade: bool = True
+    isolation: str = "bwrap"
+    network: str | None = None  # None: the scaffold's
+    grid: Mapping[str, Any] | None = None
+    ray: str | None = None  # an address, or auto
+    engines: int | None = None
+    image_registry: str | None = None
+
+
+def run_eval(options: EvalOptions, console: Console | None = None) -> dict[str, Any]:
+    """Plan the sweep's runs (`plan_eval`), load the engine once, run what is left here."""
     from kvagent.cli import environments
     from kvagent.evals.preflight import check_grid
 
+    o = options
+    env, repos, grade, isolation, network = o.env, o.repos, o.grade, o.isolation, o.network
+    model = o.engine.model
     console = console or Console(stderr=True)
     if env not in ("docker", "local"):  # before the plan: a typo here should not cost a dataset load
         raise KvagentError(f"env: got {env!r}; choose docker or local")
@@ -238,8 +244,8 @@ def run_eval(
         raise KvagentError("eval: --env local needs --repos DIR holding one checkout per instance id")
     environments.check_isolation(isolation)
     environments.check_network(network, env)  # a bad value before the dataset loads
-    check_engine(device, decode_step, linear, dtype)
-    plan = plan_eval(sweep, console)
+    check_engine(o.engine)
+    plan = plan_eval(o.sweep, console)
     agent_cfg, selected, runs, run_dir, done, left = (
         plan.agent_config, plan.selected, plan.runs, plan.run_dir, plan.done, plan.left
     )  # fmt: skip
@@ -260,12 +266,10 @@ def run_eval(
             check_images([by_id[iid] for iid in dict.fromkeys(r.instance_id for r in left)])
         console.print(f"loading model {model} ...")
         # One engine; with concurrency N its forwards are shared by up to N episodes at once.
-        engine = load_engine(
-            model, device=device, dtype=dtype, max_batch=concurrency, decode_step=decode_step, linear=linear
-        )
+        engine = load_engine(o.engine, max_batch=concurrency)
         check_grid(engine, left, by_id, agent_cfg, sandbox_workdir(env))
-        if grid is not None:
-            write_grid(run_dir, grid)
+        if o.grid is not None:
+            write_grid(run_dir, o.grid)
         table = EvalTable(runs, done, console)
         # One episode at a time: stream it (replies, a status line per step) instead of the live table.
         from kvagent.cli.ui import EpisodeStream

@@ -18,30 +18,27 @@ from rich.live import Live
 from rich.table import Table
 
 from kvagent.agent.config import AgentConfig
+from kvagent.cli.settings import EngineOptions
 from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.datasets import Instance
 from kvagent.evals.runner import EvalRun, EvalRunner
 
 if TYPE_CHECKING:  # the workers never import the command's planning
-    from kvagent.cli.eval import EvalSweep
+    from kvagent.cli.eval import EvalOptions
 
 
 @dataclass
 class EngineSetup:
     """What an actor builds on its own node (pickled to it): the engine, its sandboxes, the grader."""
 
-    model: str
+    engine: EngineOptions  # its decode step checked against the actor's own device as it loads
     instances: Mapping[str, Instance]
     env: str  # docker | local
     repos: str | None = None
     grade: bool = True
     agent_config: AgentConfig = field(default_factory=AgentConfig)
     concurrency: int = 1
-    device: str = "auto"
-    dtype: str = "auto"
     check: Sequence[EvalRun] = ()  # runs whose settings are checked on the loaded engine
-    decode_step: str = "auto"  # checked against the actor's own device as its engine loads
-    linear: str = "auto"
     network: bool = False  # docker episodes on Docker's default network (--network, or the scaffold's)
 
     def __call__(self) -> EvalRunner:
@@ -57,13 +54,14 @@ class EngineSetup:
             open_env = functools.partial(environments.docker_env, network=self.network)
             grader = environments.docker_grader
         # Ray sets the actor's CUDA_VISIBLE_DEVICES (its GPU) and OMP threads (its CPUs).
-        engine = Engine.load(self.model, device=self.device, dtype=self.dtype, max_batch=self.concurrency,
-                             decode_step=self.decode_step, linear=self.linear)  # fmt: skip
+        e = self.engine
+        engine = Engine.load(e.model, device=e.device, dtype=e.dtype, max_batch=self.concurrency,
+                             decode_step=e.decode_step, linear=e.linear)  # fmt: skip
         # As `kvagent eval` does, before the first run: budgets against prompts, the model's context.
         check_grid(engine, self.check, self.instances, self.agent_config, sandbox_workdir(self.env))
         return EvalRunner(
             run_dir=Path("."), engine=engine, instances=self.instances, open_env=open_env,
-            agent_config=self.agent_config, grade=grader if self.grade else None, model_name=self.model,
+            agent_config=self.agent_config, grade=grader if self.grade else None, model_name=self.engine.model,
         )  # fmt: skip
 
 
@@ -196,31 +194,16 @@ def init_ray(address: str) -> tuple[Any, bool]:
     return ray, True
 
 
-def run_eval_ray(
-    *,
-    ray_address: str,
-    engines: int | None,
-    model: str,
-    env: str,
-    repos: str | None,
-    grade: bool,
-    device: str = "auto",
-    dtype: str = "auto",
-    image_registry: str | None = None,
-    grid: Mapping[str, Any] | None = None,
-    console: Console | None = None,
-    sweep: EvalSweep,
-    decode_step: str = "auto",
-    linear: str = "auto",
-    network: str | None = None,  # None: the scaffold's
-) -> dict[str, Any]:
-    """`kvagent eval`'s planning, checks, records and report (kvagent.cli.eval), its episodes on Ray:
-    `sweep` is what runs."""
+def run_eval_ray(options: EvalOptions, console: Console | None = None) -> dict[str, Any]:
+    """`kvagent eval`'s planning, checks, records and report (kvagent.cli.eval), its episodes on Ray
+    (`options.ray`: the cluster's address, `options.engines` actors)."""
     from kvagent.cli import environments
     from kvagent.cli.common import check_out_dir
     from kvagent.cli.eval import finish_eval, plan_eval, write_grid
     from kvagent.evals.distributed import RayExecutor
 
+    o = options
+    engines, env, repos, network, model = o.engines, o.env, o.repos, o.network, o.engine.model
     console = console or Console(stderr=True)
     if engines is not None and engines < 1:
         raise ConfigError(f"--engines: must be >= 1, got {engines}")
@@ -229,7 +212,7 @@ def run_eval_ray(
     if env == "local" and not repos:
         raise ConfigError("eval: --env local needs --repos DIR holding one checkout per instance id")
     environments.check_network(network, env)  # a bad value before the dataset loads
-    plan = plan_eval(sweep, console)
+    plan = plan_eval(o.sweep, console)
     agent_cfg, selected, runs, run_dir, done, left = (
         plan.agent_config, plan.selected, plan.runs, plan.run_dir, plan.done, plan.left
     )  # fmt: skip
@@ -239,24 +222,24 @@ def run_eval_ray(
     if left:
         check_out_dir(run_dir)  # a file in the way fails before Ray starts
         by_id = {i.instance_id: i for i in selected}
-        ray, connected = init_ray(ray_address)
+        ray, connected = init_ray(o.ray)
         try:
             gpus = int(ray.cluster_resources().get("GPU", 0))
             n = engines or max(1, gpus)
             console.print(
                 f"Ray: {n} engine(s) of {model} on {gpus or 'no'} GPU(s), {concurrency} episode(s) each"
             )
-            setup = EngineSetup(model, by_id, env, repos, grade, agent_cfg, concurrency, device, dtype, left,
-                                decode_step=decode_step, linear=linear, network=network_on)  # fmt: skip
+            setup = EngineSetup(o.engine, by_id, env, repos, o.grade, agent_cfg, concurrency, left,
+                                network=network_on)  # fmt: skip
             needed = [by_id[iid] for iid in dict.fromkeys(r.instance_id for r in left)]
             table = EngineTable(runs, done, min(n, len(left)))
             executor = RayExecutor(setup, run_dir=run_dir, engines=n, concurrency=concurrency,
-                                   preflight=NodeCheck(needed, env, repos, image_registry),
+                                   preflight=NodeCheck(needed, env, repos, o.image_registry),
                                    on_event=table.on_event)  # fmt: skip
             runner = EvalRunner(run_dir=run_dir, engine=None, instances=by_id, open_env=None,
                                 agent_config=agent_cfg, model_name=model, on_update=table.on_record)  # fmt: skip
-            if grid is not None:
-                write_grid(run_dir, grid)
+            if o.grid is not None:
+                write_grid(run_dir, o.grid)
             with Live(table.render(), console=console, refresh_per_second=2) as live:
                 table.live = live
                 records = runner.run(runs, execute=executor)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kvagent.cli.settings import CacheOptions
+from kvagent.cli.settings import CacheOptions, EngineOptions
 from kvagent.errors import ConfigError, KvagentError
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -75,11 +75,9 @@ def draining_server(config: Any, drain: Callable[[], None]) -> Any:
 
 
 def run_serve(
-    *, model: str, cache: CacheOptions | Mapping[str, Any], max_batch: int, kv_memory: float | None, host: str, port: int,
-    max_queue: int, max_sessions: int, drain_timeout: float, served_model_name: str | None, device: str,
-    dtype: str, log_level: str, swap_space: float | None = None, session_dir: str | None = None,
-    decode_step: str = "auto",
-    linear: str = "auto",
+    *, engine: EngineOptions, cache: CacheOptions | Mapping[str, Any], max_batch: int, kv_memory: float | None,
+    host: str, port: int, max_queue: int, max_sessions: int, drain_timeout: float, served_model_name: str | None,
+    log_level: str, swap_space: float | None = None, session_dir: str | None = None,
 ) -> None:  # fmt: skip
     _check(host, port, max_batch, kv_memory, max_queue, max_sessions, drain_timeout, log_level)
     if swap_space is not None and not swap_space > 0:
@@ -98,10 +96,9 @@ def run_serve(
     defaults = cache_config_of(cache)
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
+    model = engine.model
     try:
-        engine = load_engine(
-            model, device=device, dtype=dtype, max_batch=max_batch, decode_step=decode_step, linear=linear
-        )
+        engine = load_engine(engine, max_batch=max_batch)
     except BaseException:
         sock.close()
         raise

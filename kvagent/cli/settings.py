@@ -236,9 +236,11 @@ class AgentOptions:
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """A command's engine options as typed: what `common.load_engine` takes. A --decode-step that
-    names no mode fails as the command starts; one its device cannot run (graph on a CPU) when the
-    engine is about to load, before the model is read (under --ray, on each actor's node)."""
+    """A command's engine options as typed, handed whole to the command body and `common.load_engine`;
+    the one home of their defaults (`auto`: the engine resolves device, dtype, decode step and linear
+    for the machine it runs on). A --decode-step that names no mode fails as the command starts; one
+    its device cannot run (graph on a CPU) when the engine is about to load, before the model is
+    read (under --ray, on each actor's node)."""
 
     model: str = "smollm2"
     device: str = "auto"
@@ -258,8 +260,8 @@ class EngineOptions:
         if self.linear not in linear.MODES:
             linear.resolve(self.linear, torch.device("cpu"), torch.float32)
 
-    def arguments(self) -> dict[str, Any]:
-        """model, device, dtype, decode_step, linear: as the command bodies and `load_engine` take them."""
+    def given(self) -> dict[str, Any]:
+        """option name: value (model, device, dtype, decode_step, linear), for eval's grid record."""
         return {n: getattr(self, n) for n in ENGINE}
 
 
@@ -297,6 +299,39 @@ def engine_options(**defaults: Any) -> Callable[[Callable[..., Any]], Callable[.
     """Give a command the ENGINE options (model, device, dtype, decode step, linear) in place of its `engine:
     EngineOptions` parameter; `defaults`: this command's (its model)."""
     return _takes("engine", EngineOptions, list(ENGINE.values()), defaults)
+
+
+def add_arguments(
+    parser: Any, one: Sequence[str] = (), many: Sequence[str] = (), tokens: Sequence[str] = (),
+    engine: Sequence[str] = (), **defaults: Any,
+) -> None:  # fmt: skip
+    """The argparse side of `cache_options` / `engine_options`, for benchmarks/ scripts: add to
+    `parser` the CACHE options of these fields (`one`, `many`, `tokens` as there) and the ENGINE
+    options named in `engine`, each with the commands' spelling, help and value type; `defaults`: the
+    script's, per option name (else CacheOptions' / EngineOptions'). `cache_of` / `engine_of` read
+    the parsed values back as the typed options."""
+    forms = [CACHE[f].one for f in one] + [CACHE[f].many for f in many] + [CACHE[f].tokens for f in tokens]
+    base = {f.name: f.default for f in (*fields(CacheOptions), *fields(EngineOptions))}
+    for form in [f for f in forms if f is not None] + [ENGINE[n] for n in engine]:
+        kinds = [t for t in typing.get_args(form.type) or (form.type,) if t is not type(None)]
+        many_values = typing.get_origin(kinds[0]) is list  # a repeatable option (--policy-arg)
+        parser.add_argument(
+            form.flag or "--" + form.name.replace("_", "-"), dest=form.name, help=form.help,
+            default=defaults.get(form.name, base[form.name]),
+            **({"action": "append", "type": str} if many_values else {"type": kinds[0]}),
+        )  # fmt: skip
+
+
+def cache_of(args: Any) -> CacheOptions:
+    """The CacheOptions of an argparse namespace (`add_arguments`'): each option it has."""
+    names = [f.name for f in fields(CacheOptions) if f.name != "taken" and hasattr(args, f.name)]
+    return CacheOptions(**{n: getattr(args, n) for n in names}, taken=tuple(names))
+
+
+def engine_of(args: Any) -> EngineOptions:
+    """The EngineOptions of an argparse namespace: each ENGINE option it has, else the default."""
+    names = [n for n in ENGINE if hasattr(args, n)]
+    return EngineOptions(**{n: getattr(args, n) for n in names}, taken=tuple(names))
 
 
 def _takes(

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from kvagent.agent.loop import EpisodeInterrupted
 from kvagent.cli.common import check_out_dir, load_engine, sandbox_workdir
-from kvagent.cli.settings import AgentOptions, CacheOptions, agent_config_of, cache_config_of
+from kvagent.cli.settings import AgentOptions, CacheOptions, EngineOptions, agent_config_of, cache_config_of
 from kvagent.errors import ConfigError, KvagentError
 from kvagent.fileio import atomic_write_text
 
@@ -79,17 +79,13 @@ def run_solve(
     issue: str,
     repo: str | None,
     image: str | None,
-    model: str,
+    engine: EngineOptions,
     cache: CacheOptions | Mapping[str, Any],
     agent: AgentOptions | Mapping[str, Any],
     out: str | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
     console: Console | None = None,
     isolation: str = "bwrap",
     network: str | None = None,  # None: the scaffold's
-    decode_step: str = "auto",
-    linear: str = "auto",
 ) -> Any:
     from kvagent.agent.solve import solve_episode
     from kvagent.cli import environments
@@ -104,8 +100,8 @@ def run_solve(
     )
     check_image(spec)
     out_dir = check_out_dir(out or f"runs/solve-{time.strftime('%Y%m%d-%H%M%S')}")
-    console.print(f"loading model {model} ...")
-    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step, linear=linear)
+    console.print(f"loading model {engine.model} ...")
+    engine = load_engine(engine)
     check_before_sandbox(engine, cfg, agent_cfg, issue_text, sandbox_workdir(spec["backend"]))
     out_dir.mkdir(parents=True, exist_ok=True)
     trajectory = out_dir / "episode.traj.json"

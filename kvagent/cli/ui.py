@@ -19,12 +19,17 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
-def cache_status(stats: Any, budget: Any, buffer: int) -> str:
-    """`cache 1,024/1,152 | rounds 12 | evicted 34,560 | KV 12.3 MB` from a CacheStats."""
+def cache_status(stats: Any, config: Any) -> str:
+    """`tokens 9,000 | cache 1,280/1,024+256 | rounds 12 | evicted 34,560 | KV 12.3 MB` from a
+    CacheStats; the cap is the trigger of the session's CacheConfig (K + 2r under recent-buffer,
+    K + r under topk-all; `dense` for a cache that never evicts, or with no config)."""
     if stats is None:
         return "cache -"
+    from kvagent.runtime.schedule import Schedule
+
     entries = max(stats.entries) if stats.entries else 0
-    cap = "dense" if budget is None else f"{budget}+{buffer}"
+    evicts = config is not None and config.evicts
+    cap = f"{config.budget}+{Schedule(config, None, 1).beyond_k}" if evicts else "dense"
     return (
         f"tokens {stats.logical_length:,} | cache {entries:,}/{cap} | rounds {stats.rounds} | "
         f"evicted {stats.evicted:,} | KV {human_bytes(stats.total_kv_bytes)}"
@@ -69,13 +74,12 @@ class EpisodeStream:
     reply ends (step i/N, tokens, cache entries / K+r, rounds, evicted, elapsed), then the observation.
 
     Hook-up: `engine = stream.wrap(engine)` streams every session the engine opens (its CacheConfig
-    gives K and r), and `on_event=stream` adds tool-call errors, observations and the final status.
+    gives the cap), and `on_event=stream` adds tool-call errors, observations and the final status.
     One episode at a time: with parallel episodes the lines would interleave."""
 
     def __init__(self, console: Console, max_steps: int, *, observation_lines: int = 20) -> None:
         self.console, self.max_steps, self.observation_lines = console, max_steps, observation_lines
-        self.budget: Any = None
-        self.buffer = 0
+        self.config: Any = None  # the session's CacheConfig
         self.step = 0
         self.started = time.perf_counter()
         self._reply_started = self.started
@@ -107,9 +111,7 @@ class EpisodeStream:
 
     # ------------------------------------------------------------- from the session (one per episode)
     def opened(self, config: Any, tokenizer: Any) -> None:
-        evicts = getattr(config, "evicts", getattr(config, "budget", None) is not None)
-        self.budget = getattr(config, "budget", None) if evicts else None
-        self.buffer = getattr(config, "buffer", 0)
+        self.config = config
         self.step, self.started = 0, time.perf_counter()
         self._decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
 
@@ -151,7 +153,7 @@ class EpisodeStream:
             )
 
     def _status(self, stats: Any) -> str:
-        return f"{cache_status(stats, self.budget, self.buffer)} | elapsed {human_seconds(time.perf_counter() - self.started)}"
+        return f"{cache_status(stats, self.config)} | elapsed {human_seconds(time.perf_counter() - self.started)}"
 
     def _text(self, text: str) -> None:
         self.console.print(Text(text), end="", soft_wrap=True)

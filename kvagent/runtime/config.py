@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,21 +51,7 @@ class CacheConfig:
         from kvagent.runtime.policies import check_policy
 
         check_policy(self.policy)
-        b = self.budget
-        if b is not None:
-            if isinstance(b, bool) or not isinstance(b, int | float):
-                raise ConfigError(f"budget: expected an int (tokens) or a float in (0,1), got {b!r}")
-            if isinstance(b, float) and not (0.0 < b < 1.0):
-                if b.is_integer() and b >= 1:
-                    object.__setattr__(self, "budget", int(b))
-                else:
-                    raise ConfigError(
-                        f"budget: a float budget is a fraction in (0,1), got {b}; pass tokens as an int"
-                    )
-            elif isinstance(b, int) and b < 1:
-                raise ConfigError(
-                    f"budget: must be >= 1 token, got {b}; leave the budget out (None) for the full cache"
-                )
+        object.__setattr__(self, "budget", checked_budget(self.budget))
         if self.buffer < 1:
             raise ConfigError(f"buffer: must be >= 1, got {self.buffer}")
         if self.protect not in PROTECT:
@@ -118,6 +104,63 @@ class CacheConfig:
     def __getstate__(self) -> dict[str, Any]:
         """A copy (pickle, deepcopy) carries the fields, not the policies `build_policy` kept."""
         return {k: v for k, v in self.__dict__.items() if k != "_policies"}
+
+
+def budget_value(value: Any, what: str = "budget") -> int | float | None:
+    """The one parse and range check of a budget (K), for CacheConfig, every command's option (`1024`,
+    `0.2`, a sweep's items) and serve's kv_budget: tokens (an int >= 1; a whole float is tokens), a
+    fraction of the logical length (a float in (0,1)), or none (None, or the text none/dense/empty)
+    for the full cache. `what`: the option the errors name."""
+    if not isinstance(value, str):
+        return checked_budget(value, what)
+    item = value.strip()
+    if item.lower() in ("none", "dense", ""):
+        return None
+    try:
+        b = float(item) if any(c in item for c in ".eE") else int(item)
+    except ValueError:
+        raise ConfigError(
+            f"{what}: {item!r} is not a number; pass tokens (1024) or a fraction (0.2)"
+        ) from None
+    return checked_budget(b, what)
+
+
+def checked_budget(b: Any, what: str = "budget") -> int | float | None:
+    """The range check of a budget given as a value (`budget_value`'s, CacheConfig's)."""
+    if b is None:
+        return None
+    if isinstance(b, bool) or not isinstance(b, int | float):
+        raise ConfigError(f"{what}: expected an int (tokens) or a float in (0,1), got {b!r}")
+    if isinstance(b, float) and not 0.0 < b < 1.0:
+        if not (b.is_integer() and b >= 1):
+            raise ConfigError(
+                f"{what}: a float budget is a fraction in (0,1), got {b}; pass tokens as an int"
+            )
+        b = int(b)
+    if isinstance(b, int) and b < 1:
+        raise ConfigError(
+            f"{what}: must be >= 1 token, got {b}; pass tokens (1024), a fraction (0.2), or no budget for "
+            "the full cache"
+        )
+    return b
+
+
+def budget_problem(policy: str, budget: int | float | None, say: Callable[..., str]) -> str | None:
+    """The rule of a run's cache settings that spans two fields, which CacheConfig leaves to the
+    commands (it takes a policy without a budget as the full cache): a policy evicts only under a
+    budget, and `full` takes none. `say(field, value=None)` spells a setting as the caller takes it
+    (`--budget 1024`, `kv_budget 1024`); None when the settings are fine."""
+    if policy != "full" and budget is None:
+        return (
+            f"budget: {say('policy', policy)} evicts only under a budget; add {say('budget', 'K')} (e.g. "
+            f"{say('budget', 1024)}) or a fraction ({say('budget', 0.2)}), or use {say('policy', 'full')}"
+        )
+    if policy == "full" and budget is not None:
+        return (
+            f"budget: {say('policy', 'full')} never evicts, so {say('budget', budget)} would do nothing; pick "
+            f"an evicting policy (e.g. {say('policy', 'snapkv')}) or drop {say('budget')}"
+        )
+    return None
 
 
 def build_policy(config: CacheConfig, model_facts: Mapping[str, Any] | None = None) -> Any:

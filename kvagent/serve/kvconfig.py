@@ -1,6 +1,6 @@
 """A request's cache settings: the server's flags are the defaults, `kv_*` body fields override
 them, and the result is checked as the CLI checks its options (CacheConfig's own checks, the
-policy-needs-a-budget rule of `options.budget_problem`, unknown policy options), with the message's
+policy-needs-a-budget rule of `config.budget_problem`, unknown policy options), with the message's
 field spelled as the request spells it (kv_budget, not budget).
 
 The fields are the run's identity (`runspec.IDENTITY`: every CacheConfig field but how a session
@@ -16,8 +16,8 @@ from typing import Any
 
 from kvagent import runspec
 from kvagent.errors import ConfigError
-from kvagent.options import budget_problem, parse_budget
 from kvagent.runtime import CacheConfig
+from kvagent.runtime.config import budget_problem, budget_value
 from kvagent.serve.errors import RequestError
 
 _KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", dict: "an object"}
@@ -43,7 +43,7 @@ def _value(key: str, name: str, value: Any) -> Any:
     if name == "budget":  # tokens, a fraction, or a string the CLI would take ("1024", "0.2")
         if isinstance(value, str):
             try:
-                return parse_budget(value, key)
+                return budget_value(value, key)
             except ConfigError as e:
                 raise RequestError(str(e), param=key) from None
         if isinstance(value, bool) or not isinstance(value, int | float):

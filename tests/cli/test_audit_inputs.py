@@ -9,6 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from kvagent.cli.app import app
+from kvagent.cli.settings import EngineOptions
 from kvagent.testing import git_repo
 
 CALC_PY = "def add(a, b):\n    return a - b\n"
@@ -100,7 +101,7 @@ def test_inspect_html_is_checked_before_the_episode_is_shown(tmp_path, a_file):
     [
         (["--policy", "snapkv"], ["--policy snapkv evicts only under a budget", "--budget 1024"]),
         (["--budget", "1024"], ["--policy full never evicts", "--policy snapkv"]),
-        (["--policy", "snapkv", "--budget", "0"], ["budget: must be >= 1 token, got 0", "no --budget"]),
+        (["--policy", "snapkv", "--budget", "0"], ["budget: must be >= 1 token, got 0", "no budget"]),
         (["--policy", "snapkv", "--budget", "1024", "--policy-arg", "foo=1"], ["policy-arg: snapkv has no", "kernel"]),
         (["--temperature", "-1"], ["temperature: must be >= 0"]),
         (["--max-steps", "0"], ["max-steps: must be >= 1"]),
@@ -122,7 +123,7 @@ def test_a_cuda_device_where_there_is_none_names_the_options(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="^device: cuda:1 asked for, .* use --device cpu or auto$"):
-        load_engine("tiny-random-qwen3", device="cuda:1")
+        load_engine(EngineOptions(model="tiny-random-qwen3", device="cuda:1"))
 
 
 # ------------------------------------------------------------------------------------------- demo

@@ -12,6 +12,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from kvagent.cli.app import app
+from kvagent.cli.settings import EngineOptions
 from kvagent.evals.datasets import Instance
 from kvagent.testing import ScriptedEngine, git_repo
 from tests.helpers import SUBMIT
@@ -114,7 +115,8 @@ def test_solve_keeps_the_paths_of_its_results_on_one_line(scripted, repo, tmp_pa
     console = Console(file=io.StringIO(), width=40, color_system=None)
     out = tmp_path / "a-results-directory-with-a-long-name"
     solve.run_solve(
-        issue="add subtracts", repo=str(repo), image=None, model="scripted", out=str(out), console=console,
+        issue="add subtracts", repo=str(repo), image=None, engine=EngineOptions(model="scripted"), out=str(out),
+        console=console,
         cache={"policy": "full", "budget": None, "buffer": 32},
         agent=agent_args(dict(max_steps=3, max_new_tokens=64, context_limit=8192, temperature=0.0)), isolation="none",
     )  # fmt: skip

@@ -12,6 +12,7 @@ from kvagent.agent import AgentConfig, ChatMLRenderer
 from kvagent.agent.chat import DECLINED, STOPPED_DURING, STOPPED_REPLY
 from kvagent.cli.chat import ChatSession
 from kvagent.errors import ConfigError
+from kvagent.runtime.config import CacheConfig
 from tests.helpers import FIX_MEAN, call
 
 VIEW = "Let me look.\n" + call("file_editor", command="view", path="/testbed/calc/__init__.py")
@@ -56,8 +57,7 @@ def make_chat(session, env, tokenizer, keys="", lines=(), **kw):
         console=Console(file=out, width=100, color_system=None),
         read_line=read_line,
         read_key=Keys(keys) if isinstance(keys, str | list) else keys,
-        budget=256,
-        buffer=32,
+        cache=CacheConfig(policy="random", budget=256, buffer=32),
         **kw,
     )
     return chat, out

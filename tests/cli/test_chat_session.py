@@ -13,6 +13,7 @@ from rich.console import Console
 
 from kvagent.cli.chat import run_chat
 from kvagent.cli.chat_resume import sidecar
+from kvagent.cli.settings import EngineOptions
 from kvagent.errors import ConfigError
 from kvagent.testing import git_repo
 
@@ -39,7 +40,8 @@ def chat(monkeypatch, repo, lines, session_file=None, model="tiny-random-qwen3")
             raise EOFError from None
 
     monkeypatch.setattr("builtins.input", read_line)
-    return run_chat(repo=str(repo), model=model, cache=CACHE, agent=AGENT, approval="yolo", device="cpu",
+    return run_chat(repo=str(repo), engine=EngineOptions(model=model, device="cpu"), cache=CACHE, agent=AGENT,
+                    approval="yolo",
                     console=Console(file=io.StringIO()), session_file=session_file)  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvagent.cli.settings import EngineOptions
 from kvagent.sandbox import SandboxError, open_sandbox
 from kvagent.sandbox import local as local_backend
 
@@ -38,7 +39,12 @@ def test_demo_completes_and_writes_its_table_where_bubblewrap_is_missing(tmp_pat
     assert shutil.which("bwrap") is None and shutil.which("python") is None
     out = tmp_path / "out"
     records = run_demo(
-        model="tiny-random-qwen3", out=str(out), budget=512, turns=10, progress=False, policies=("random",)
+        EngineOptions(model="tiny-random-qwen3"),
+        out=str(out),
+        budget=512,
+        turns=10,
+        progress=False,
+        policies=("random",),
     )
     printed = capsys.readouterr().out
     assert "sandbox: unisolated (bubblewrap is not installed; the demo's calls are scripted)" in printed

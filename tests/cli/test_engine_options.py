@@ -8,6 +8,7 @@ import pytest
 
 from kvagent.cli import app
 from kvagent.cli.params import run_app
+from kvagent.cli.settings import EngineOptions
 from kvagent.errors import ConfigError
 from kvagent.runtime import Engine
 from tests.cli.test_cache_options import _base
@@ -62,16 +63,18 @@ def test_load_engine_checks_the_mode_before_reading_the_model(recorded):
     from kvagent.cli.common import load_engine
 
     with pytest.raises(ConfigError, match="^decode_step: got 'fast'; choose auto, eager"):
-        load_engine("tiny-random-qwen3", device="cpu", decode_step="fast")
+        load_engine(EngineOptions(model="tiny-random-qwen3", device="cpu", decode_step="fast"))
     with pytest.raises(Loaded) as got:
-        load_engine("tiny-random-qwen3", device="cpu", decode_step="compiled", max_batch=2)
+        load_engine(
+            EngineOptions(model="tiny-random-qwen3", device="cpu", decode_step="compiled"), max_batch=2
+        )
     assert got.value.kwargs == {
         "device": "cpu", "dtype": "auto", "max_batch": 2, "decode_step": "compiled", "linear": "auto"
     }  # fmt: skip
     with pytest.raises(ConfigError, match="^linear: got 'fast'; choose auto, packed, plain$"):
-        load_engine("tiny-random-qwen3", device="cpu", linear="fast")
+        load_engine(EngineOptions(model="tiny-random-qwen3", device="cpu", linear="fast"))
     with pytest.raises(ConfigError, match="^linear: packed takes float32 or bfloat16, not torch.float16"):
-        load_engine("tiny-random-qwen3", device="cpu", dtype="float16", linear="packed")
+        load_engine(EngineOptions(model="tiny-random-qwen3", device="cpu", dtype="float16", linear="packed"))
 
 
 def test_linear_reaches_the_engine_and_a_bad_one_is_one_line(recorded, mini, jsonl_file, tmp_path, capsys):
@@ -116,12 +119,17 @@ def ray_setup(monkeypatch, mini, tmp_path, *extra, env="local"):
 def test_eval_ray_hands_its_actors_the_decode_step(monkeypatch, mini, tmp_path):
     got = ray_setup(monkeypatch, mini, tmp_path, "--decode-step", "graph", "--dtype", "bfloat16")
     # graph is left to each actor's device: this machine may have no GPU where the actors have one
-    assert got.kwargs["decode_step"] == "graph" and got.args_[8] == "bfloat16"
+    assert got.args_[0].decode_step == "graph" and got.args_[0].dtype == "bfloat16"
 
 
 def test_an_actor_loads_its_engine_with_the_decode_step(recorded, tmp_path):
     from kvagent.cli.eval_ray import EngineSetup
 
     with pytest.raises(Loaded) as got:
-        EngineSetup("tiny-random-qwen3", {}, "local", str(tmp_path), device="cpu", decode_step="static")()
+        EngineSetup(
+            EngineOptions(model="tiny-random-qwen3", device="cpu", decode_step="static"),
+            {},
+            "local",
+            str(tmp_path),
+        )()
     assert got.value.kwargs["decode_step"] == "static" and got.value.kwargs["device"] == "cpu"

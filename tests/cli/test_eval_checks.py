@@ -42,7 +42,7 @@ def engine(monkeypatch, qwen3_tokenizer):
     eng = ScriptedEngine(qwen3_tokenizer, lambda config: [SUBMIT])
     eng.loads = []
 
-    def load(model, **kw):
+    def load(engine, **kw):
         eng.loads.append(kw)
         return eng
 

@@ -9,6 +9,7 @@ import pytest
 
 from kvagent.cli import app
 from kvagent.cli.params import run_app
+from kvagent.cli.settings import EngineOptions
 from tests.cli.test_engine_options import ray_setup
 
 
@@ -99,5 +100,5 @@ def test_the_actor_opens_docker_sandboxes_with_the_network(monkeypatch):
     monkeypatch.setattr("kvagent.cli.eval_ray.EvalRunner", runner)
     for network in (True, False):
         with pytest.raises(Built):
-            EngineSetup("m", {}, "docker", network=network)()
+            EngineSetup(EngineOptions(model="m"), {}, "docker", network=network)()
     assert opened == [True, False]

@@ -92,3 +92,43 @@ def test_an_option_left_at_its_default_is_the_configs_default():
     for name, form in settings.AGENT.items():
         expected = None if want[name] == BY_SCAFFOLD else want[name]
         assert agent[form.name] == expected, name
+
+
+def test_benchmark_scripts_take_the_same_options_on_argparse():
+    """`add_arguments` (benchmarks/): each option's spelling, help and value type as the commands
+    declare it, the script's defaults, and the values back as the typed options."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    settings.add_arguments(
+        ap, one=["policy", "buffer", "policy_args"], tokens=["budget"], many=["head_budget"],
+        engine=["model", "dtype"], policy="random", dtype="float32",
+    )  # fmt: skip
+    helps = {a.dest: a.help for a in ap._actions}
+    assert helps["buffer"] == settings.CACHE["buffer"].one.help
+    assert helps["dtype"] == settings.ENGINE["dtype"].help
+    args = ap.parse_args(
+        ["--budget", "64", "--policy-arg", "lam=0.5", "--policy-arg", "n=3", "--buffer", "8"]
+    )
+    cache, engine = settings.cache_of(args), settings.engine_of(args)
+    assert (cache.policy, cache.budget, cache.buffer, cache.head_budget) == ("random", 64, 8, "uniform")
+    assert cache.policy_arg == ["lam=0.5", "n=3"] and cache.window == 16  # a field not taken: its default
+    assert (engine.model, engine.dtype, engine.device) == ("smollm2", "float32", "auto")
+
+
+def test_no_benchmark_script_redeclares_a_cache_setting():
+    """benchmarks/ scripts take cache settings through `add_arguments` (the GPU scripts aside, and
+    the PyramidKV reference protocol's --keep / --beta, which mirror kvpress's side)."""
+    flags = {
+        "--" + f.name.replace("_", "-")
+        for s in settings.CACHE.values()
+        for f in (s.one, s.many, s.tokens)
+        if f
+    }
+    found = [
+        f"{p.name}:{flag}"
+        for p in sorted((PKG.parent / "benchmarks").glob("*.py"))
+        for flag in re.findall(r'add_argument\(\s*"(--[\w-]+)"', p.read_text(encoding="utf-8"))
+        if flag in flags - {"--modes"} or flag == "--kv-budget"  # decode_modes' --modes: decode steps
+    ]
+    assert found == []

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kvagent.cli.settings import EngineOptions
 from kvagent.testing import git_repo
 from tests.helpers import call
 
@@ -251,7 +252,7 @@ def solve_in_process(monkeypatch, repo, out, engine, console=None):
 
     monkeypatch.setattr(solve, "load_engine", lambda *a, **k: engine)
     console = console or Console(file=io.StringIO(), width=120, color_system=None)
-    result = solve.run_solve(issue="mean is off by one", repo=str(repo), image=None, model="scripted",
+    result = solve.run_solve(issue="mean is off by one", repo=str(repo), image=None, engine=EngineOptions(model="scripted"),
                              cache=CACHE, agent=AGENT, out=str(out), console=console)  # fmt: skip
     return result, console
 
@@ -283,7 +284,14 @@ def test_missing_image_fails_before_the_model_loads(monkeypatch):
     monkeypatch.setattr(solve, "load_engine", no_model)
     monkeypatch.setattr(images, "image_exists", lambda tag, client=None: False)
     with pytest.raises(KvagentError, match="docker image 'no-such-image:1' not found locally"):
-        solve.run_solve(issue="x", repo=None, image="no-such-image:1", model="m", cache=CACHE, agent=AGENT)
+        solve.run_solve(
+            issue="x",
+            repo=None,
+            image="no-such-image:1",
+            engine=EngineOptions(model="m"),
+            cache=CACHE,
+            agent=AGENT,
+        )
 
 
 def test_solve_streams_replies_and_a_status_line_per_step_while_generating(
@@ -368,5 +376,5 @@ def test_the_stream_needs_no_agent_events(tokenizer, tmp_path):
         text.index("calc-1__random__K256__s0") < text.index("prompt ") < text.index("I will look around")
         < text.index("TABLE-OF-RUNS")
     )  # fmt: skip
-    assert re.search(r"step 1/3 \| tokens [\d,]+ \| cache [\d,]+/256\+32 \| .*elapsed", text)
+    assert re.search(r"step 1/3 \| tokens [\d,]+ \| cache [\d,]+/256\+64 \| .*elapsed", text)
     assert "step 2/3 |" in text and "<function=finish>" in text

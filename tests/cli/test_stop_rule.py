@@ -8,6 +8,7 @@ import builtins
 
 import pytest
 
+from kvagent.cli.settings import EngineOptions
 from kvagent.testing import ScriptedEngine, git_repo
 from tests.helpers import SUBMIT
 
@@ -52,7 +53,12 @@ def test_solve_uses_the_scaffolds_stop_rule(scaffold, repo, tmp_path, tokenizer,
     engine = RecordingEngine(tokenizer)
     monkeypatch.setattr(solve, "load_engine", lambda *a, **k: engine)
     solve.run_solve(
-        issue="x", repo=str(repo), image=None, model="m", out=str(tmp_path / "out"), **options(scaffold)
+        issue="x",
+        repo=str(repo),
+        image=None,
+        engine=EngineOptions(model="m"),
+        out=str(tmp_path / "out"),
+        **options(scaffold),
     )
     assert engine.stops() == [STOPS[scaffold]]
 
@@ -72,5 +78,5 @@ def test_chat_uses_the_scaffolds_stop_rule(scaffold, repo, tokenizer, monkeypatc
             raise EOFError from None
 
     monkeypatch.setattr(builtins, "input", read_line)
-    chat.run_chat(repo=str(repo), model="m", approval="yolo", **options(scaffold))
+    chat.run_chat(repo=str(repo), engine=EngineOptions(model="m"), approval="yolo", **options(scaffold))
     assert engine.stops() == [STOPS[scaffold]]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvagent.agent.config import AgentConfig
+from kvagent.cli.settings import EngineOptions
 from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.datasets import Instance
 from kvagent.evals.distributed import RayExecutor, read_tree, sweep_stale_run_dirs, write_run_files
@@ -184,7 +185,7 @@ def test_two_actors_record_every_run_once_redo_a_killed_actors_run_and_resume(tm
     assert len(specs) == 4  # {full, random} x 2 modes; full runs once
     run_dir = tmp_path / "run"
     # two episodes at once per actor: a threaded actor over one batched engine (max_batch=2)
-    setup = EngineSetup("tiny-random-qwen3", by_id, "local", str(repos), grade=True, concurrency=2,
+    setup = EngineSetup(EngineOptions(model="tiny-random-qwen3"), by_id, "local", str(repos), grade=True, concurrency=2,
                         agent_config=AgentConfig(max_steps=1, max_new_tokens=8))  # fmt: skip
     events: list[tuple[str, int, str | None]] = []
     executor = RayExecutor(
@@ -234,7 +235,7 @@ def test_a_killed_actor_restarted_by_ray_reloads_its_engine_and_redoes_the_run(
     instances, repos = fixture_set
     by_id = {instances[0].instance_id: instances[0]}
     specs = plan_runs(list(by_id), ["random"], ["persistent"], [2048], [0, 1])
-    setup = EngineSetup("tiny-random-qwen3", by_id, "local", str(repos), grade=False,
+    setup = EngineSetup(EngineOptions(model="tiny-random-qwen3"), by_id, "local", str(repos), grade=False,
                         agent_config=AgentConfig(max_steps=1, max_new_tokens=8))  # fmt: skip
     events: list[tuple[str, str | None]] = []
     executor = RayExecutor(KillOnce(setup, str(tmp_path / "killed")), run_dir=tmp_path / "run", engines=1,
@@ -261,7 +262,7 @@ def test_missing_images_on_a_node_fail_before_the_first_run(tmp_path, fixture_se
     instances, repos = fixture_set
     by_id = {i.instance_id: i for i in instances}
     specs = plan_runs(list(by_id), ["random"], ["persistent"], [2048], [0])
-    setup = EngineSetup("tiny-random-qwen3", by_id, "docker")
+    setup = EngineSetup(EngineOptions(model="tiny-random-qwen3"), by_id, "docker")
     events: list[str] = []
     executor = RayExecutor(setup, run_dir=tmp_path / "run", engines=1, preflight=NodeCheck(instances, "docker"),
                            on_event=lambda ev, *_: events.append(ev))  # fmt: skip
