@@ -29,6 +29,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from kvagent.runtime import attention_step
+
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -119,6 +121,8 @@ class Decoder:
         self.rms_norm, self.rope, self.gated = rms_norm, rope, gated
         self.linear = F.linear
         self.parts_compiled = False
+        self.split_parts = None  # the split attention's softmax and merge, once compiled
+        self.set_attention("auto", model.device)
 
     def packed(self, packs) -> Decoder:
         """The same step over oneDNN-packed weights (linear.py's `Packs`), as the packed modules'
@@ -134,7 +138,8 @@ class Decoder:
         return twin
 
     def compile_parts(self) -> None:
-        """Compile RMSNorm, RoPE and the gated activation on first use (step.py's warm-up call, before
+        """Compile RMSNorm, RoPE, the gated activation and the split attention's softmax and merge on
+        first use (step.py's warm-up call, before
         a CUDA graph captures them). Shapes left to torch.compile's default: a second batch size
         recompiles with a dynamic batch dimension, so a third compiles nothing."""
         if self.parts_compiled:
@@ -143,7 +148,25 @@ class Decoder:
         self.rms_norm = torch.compile(rms_norm, **opts)
         self.rope = torch.compile(rope, **opts)
         self.gated = torch.compile(gated, **opts)
+        self.split_parts = (
+            torch.compile(attention_step.masked_softmax, **opts),
+            torch.compile(attention_step.merge, **opts),
+        )
         self.parts_compiled = True
+
+    def set_attention(self, backend: str, device: torch.device, kv_chunk: int | None = None) -> None:
+        """The step's attention (attention_step.py): `split` or `sdpa`; `auto` is split on CUDA and
+        sdpa on a CPU (docs/architecture.md: what each measured). `kv_chunk`: keys per split."""
+        self.attention = attention_step.resolve(backend, device)
+        self.kv_chunk = kv_chunk or attention_step.KV_CHUNK
+        self.wide_scores = attention_step.wide_scores_supported(device, self.embed.dtype)
+
+    def attend(self, q, keys, values, valid) -> torch.Tensor:
+        if self.attention == "sdpa":
+            return attention_step.masked_sdpa(q, keys, values, valid, self.scaling)
+        return attention_step.split_kv(
+            q, keys, values, valid, self.scaling, self.kv_chunk, self.wide_scores, self.split_parts
+        )
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return self.rms_norm(x, weight, self.eps)
@@ -152,7 +175,7 @@ class Decoder:
         """(B, vocab) float32 logits. ids, pos (B,): the token and its logical position (RoPE);
         wpos (B,): the position recorded in the slab (-1 for an empty row); lens (L, B): where
         each row writes in each layer; ridx (B,): where its queries go in the ring. keys, values,
-        positions: per layer the B slots' slabs (B, H_kv, C_l + 1, ...); ring (B, L, H_q, W + 1, D)."""
+        positions: per layer the B slots' slabs (B, H_kv, W_l, ...); ring (B, L, H_q, W + 1, D)."""
         b = ids.shape[0]
         h_q, h_kv, d = self.n_heads, self.n_kv_heads, self.head_dim
         group = h_q // h_kv
@@ -176,15 +199,9 @@ class Decoder:
             values[li].index_put_((rows, kv_heads, at), v)
             positions[li].index_put_((rows, kv_heads, at), written)
             ring[:, li].index_put_((rows, q_heads, ridx[:, None]), q)
-            cap = keys[li].shape[2] - 1
-            mask = (positions[li][:, :, :cap] >= 0).unsqueeze(2)  # (B, H_kv, 1, C)
-            out = F.scaled_dot_product_attention(
-                q.view(b, h_kv, group, d),
-                keys[li][:, :, :cap],
-                values[li][:, :, :cap],
-                attn_mask=mask,
-                scale=self.scaling,
-            )
+            # The whole slab: live entries, then -1 (past them, the scratch column, padding).
+            valid = (positions[li] >= 0).unsqueeze(2)  # (B, H_kv, 1, W)
+            out = self.attend(q.view(b, h_kv, group, d), keys[li], values[li], valid)
             hidden = hidden + self.linear(out.reshape(b, q_size), w.o, w.o_bias)
             x = self._rms(hidden, w.ln2)
             hidden = hidden + self.linear(self.gated(self.linear(x, w.gate_up), self.act), w.down)

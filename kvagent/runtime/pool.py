@@ -1,15 +1,18 @@
 """Slot pools: the static slabs every evicting session with a token budget keeps its KV in.
 
 A pool serves sessions whose layers have the same capacities C_l (K_l + 2r, or K_l + r under
-topk-all). Per layer it holds `(S, H_kv, C_l + 1, D)` key/value slabs and `(S, H_kv, C_l + 1)`
-positions in blocks of `block_slots` slots (the engine's max_batch; 1 on a solo engine); a session
+topk-all). Per layer it holds `(S, H_kv, W_l, D)` key/value slabs and `(S, H_kv, W_l)` positions,
+W_l the capacity plus a scratch column rounded up to the static attention's chunk unit
+(`attention_step.slab_width`), in blocks of `block_slots` slots (the engine's max_batch; 1 on a solo
+engine); a session
 owns one slot (the same index in every layer) and compacts in place, so its storage never moves
 inside a call. Between its calls a session moves into the lowest free slot if it is lower than its
 own (`lower`, `Evictor.settle`): sessions that came and went leave live ones scattered over
 blocks, and the static step takes one block at a time. Past a slot's live entries every
-position is -1 (PAD): the static decode step (step.py) attends a slot's whole capacity under the
-mask `positions >= 0`, with no length in its shapes. The extra column C_l of every slot is
-scratch: the static step's rows that carry no session write there, and nothing ever attends it. Batched eager attention reads `keys[s0:s1, :, :n_max]` of
+position is -1 (PAD): the static decode step (step.py) attends a slot's whole slab under the
+mask `positions >= 0`, with no length in its shapes. Column C_l of every slot is
+scratch: the static step's rows that carry no session write there, at position -1, so nothing
+ever attends it; the padding past it is never written. Batched eager attention reads `keys[s0:s1, :, :n_max]` of
 one block, a view, for sessions holding consecutive slots. Blocks are never reallocated while a
 slot of theirs is held, so a compaction in one thread can never race a growth in another; a new
 block is added when every slot is taken, and trailing blocks whose slots are all free give their
@@ -19,17 +22,22 @@ memory back.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from kvagent.runtime.attention_step import slab_width
 
 
 @dataclass(eq=False)
 class SlotBlock:
-    keys: list[torch.Tensor]  # per layer (S, H_kv, C_l, D)
+    keys: list[torch.Tensor]  # per layer (S, H_kv, W_l, D), W_l = attention_step.slab_width(C_l)
     values: list[torch.Tensor]
-    positions: list[torch.Tensor]  # per layer (S, H_kv, C_l + 1)
+    positions: list[torch.Tensor]  # per layer (S, H_kv, W_l)
     ring: torch.Tensor | None = None  # (S, L, H_q, W + 1, D): each slot's window queries (cache.py)
+    # The static step's batches over this block, by (runner, B) (step.py): they and their CUDA
+    # graphs hold the slabs, so they live and die with the block.
+    batches: dict = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,10 +93,11 @@ class SlotPool:
         # Zeros, not empty: padded rows of a batch read these entries under a -inf mask, and
         # 0 * NaN from uninitialised memory would still poison the output.
         kw = dict(device=self._device)
+        widths = [slab_width(c, torch.device(self._device)) for c in self.capacities]
         block = SlotBlock(
-            keys=[torch.zeros((s, h, c + 1, d), dtype=self._dtype, **kw) for c in self.capacities],
-            values=[torch.zeros((s, h, c + 1, d), dtype=self._dtype, **kw) for c in self.capacities],
-            positions=[torch.full((s, h, c + 1), -1, dtype=torch.long, **kw) for c in self.capacities],
+            keys=[torch.zeros((s, h, w, d), dtype=self._dtype, **kw) for w in widths],
+            values=[torch.zeros((s, h, w, d), dtype=self._dtype, **kw) for w in widths],
+            positions=[torch.full((s, h, w), -1, dtype=torch.long, **kw) for w in widths],
             ring=None
             if self._ring_shape is None
             else torch.zeros((s, *self._ring_shape), dtype=self._dtype, **kw),
