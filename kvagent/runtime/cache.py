@@ -16,6 +16,7 @@ attention masks out (the layer is then `ragged`) and rounds drop before any real
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -39,6 +40,16 @@ class LayerBase(CacheLayerMixin):
 
     is_sliding = False
     n = 0
+
+    # The layer's cache, held weakly: a strong reference both ways would be a cycle, and a closed
+    # session's slot slabs (its layers' views) would stay allocated until the garbage collector ran.
+    @property
+    def owner(self):
+        return self._owner()
+
+    @owner.setter
+    def owner(self, cache) -> None:
+        self._owner = weakref.ref(cache)
 
     def stores(self) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
@@ -156,7 +167,7 @@ class EvictableLayer(LayerBase):
         if views is not None and m <= views[0].shape[-2]:
             self.keys, self.values, self.positions = views
             self.keys[:, :, :m], self.values[:, :, :m], self.positions[:, :, :m] = k, v, p
-            self.positions[:, :, m:] = PAD  # the slab's invariant: nothing live past n
+            self.positions[:, :, m:].fill_(PAD)  # the slab's invariant: nothing live past n
             self.n, self.in_slot = m, True
             return
         cap = max(capacity, m)
@@ -244,6 +255,8 @@ class EvictableCache(QueryRecord, Cache):
         memo[id(self)] = new
         for name, value in self.__dict__.items():
             setattr(new, name, copy.deepcopy(value, memo))
+        for layer in new.layers:
+            layer.owner = new  # a weak reference is copied as it is: point it at the copy
         return new
 
     def entries(self) -> list[int]:

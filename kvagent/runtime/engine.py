@@ -230,7 +230,10 @@ class Engine:
                     window=window,
                 )
             pool = self.pools[key]
-        return pool.acquire()
+        slot = pool.acquire()
+        # The static step's batches (graphs, compiles) for a new block, made before anything steps.
+        self.step_runner.prepare(pool, slot.block)
+        return slot
 
     def load_session(self, path) -> Session:
         """A new session continuing, exactly, the one `Session.save` wrote to `path` with this
@@ -242,8 +245,17 @@ class Engine:
     def set_decode_step(self, mode: str) -> None:
         """Switch how decode tokens run (step.py's modes) for every session of this engine, from
         its next forward on; the weights stay as they are (benchmarks compare modes on one set of
-        sessions)."""
-        self.step_runner = StepRunner(self, mode, decoder=self.step_runner.plain)
+        sessions). The blocks in use are prepared for the new mode now (captures, compiles), and
+        lose the old mode's batches and graphs."""
+        runner = StepRunner(self, mode, decoder=self.step_runner.plain)
+        with self._pools_lock:
+            pools = list(self.pools.values())
+        for pool in pools:
+            for block in list(pool.blocks):
+                for key in [k for k in block.batches if k[0] != runner.key]:
+                    del block.batches[key]
+                runner.prepare(pool, block)
+        self.step_runner = runner
 
     def close(self) -> None:
         """Stop the scheduler thread (batching engines); sessions of this engine stop working."""

@@ -10,7 +10,6 @@ the evictor never reads the session.
 from __future__ import annotations
 
 import copy
-import time
 import weakref
 from collections.abc import Callable
 
@@ -19,6 +18,7 @@ import torch
 from kvagent.errors import ConfigError
 from kvagent.runtime.audit import AuditRound
 from kvagent.runtime.cache import EvictableCache, keep_index
+from kvagent.runtime.clock import RoundClock
 from kvagent.runtime.config import SINK_TOKENS
 from kvagent.runtime.heads import HeadLayer, select_adaptive
 from kvagent.runtime.plan import CachePlan
@@ -61,7 +61,8 @@ class Evictor:
         self.n_layers = plan.n_layers
         self.group_size = group_size
         self.scaling = scaling
-        self.sync = device.type == "cuda"  # round timings synchronise, so they hold only the round
+        self.device = device  # rounds draw their random numbers here (round.round_generator)
+        self.clock = RoundClock(device, stats)  # round seconds without a device sync (clock.py)
         self.slot = slot  # a pool Slot (batched engines), or None for a private cache
         # The slot goes back to its pool with this evictor (its session).
         self._slot_release = weakref.finalize(self, slot.release) if slot is not None else None
@@ -223,7 +224,7 @@ class Evictor:
             n_protected=self._n_protected(logical_length, prompt_length),
             block=self.policy.block,
             recent_buffer=self.config.recent_buffer,
-            generator=round_generator(self.config.seed, li, logical_length),
+            generator=round_generator(self.config.seed, li, logical_length, self.device),
             state=self.state[li],
             segments=self.segments,
             pending=self.cache.take_pending(li) if pending else (None, None),
@@ -231,23 +232,15 @@ class Evictor:
 
     def _evict_layer(self, li: int, budget: int, logical_length: int, prompt_length: int | None) -> None:
         layer = self.cache.layers[li]
-        if self.sync:
-            torch.cuda.synchronize()  # the forward's tail is not the round's cost
-        t0 = time.perf_counter()
+        self.clock.start()
         view = self._view(
             li, budget, logical_length, prompt_length, pending=self.policy.needs_pending_queries
         )
         keep = select_adaptive(self.policy, view) if self.adaptive else select(self.policy, view)
-        if self.sync:
-            torch.cuda.synchronize()
-        t1 = time.perf_counter()
+        self.clock.scored()
         before = layer.held()
         self._compact(li, keep, self.schedule.trigger(budget), pad=self.adaptive)
-        if self.sync:
-            torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        self.stats.scoring_s += t1 - t0
-        self.stats.compaction_s += t2 - t1
+        self.clock.compacted()
         self.stats.evicted += before - layer.held()
         self._record(li, logical_length, prompt_length)
 

@@ -35,6 +35,7 @@ class Chunk:
     logits: torch.Tensor | None = None
     error: BaseException | None = None
     first: int | None = None  # positions[0] as a host int (None: read it from the tensor)
+    route: str | None = None  # how it ran: "static", or why eager (step.EAGER_REASONS)
 
     def __post_init__(self) -> None:
         if self.first is None:
@@ -193,10 +194,11 @@ def run_forward(engine, chunks: list[Chunk]) -> int:
     sessions in one pool block take the static step (step.py) where the engine has one."""
     runner = getattr(engine, "step_runner", None)
     if runner is not None:
-        plan = runner.plan(chunks)
+        plan, reason = runner.plan(chunks)
         if plan is not None:
             runner.run(chunks, plan)
             return len(chunks)
+        runner.count_eager(reason, chunks)
     device = engine.device
     if len(chunks) == 1:  # a solo session: its positions as they are, a plain slice of logits
         c = chunks[0]

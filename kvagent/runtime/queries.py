@@ -74,9 +74,10 @@ class QueryRecord:
             self.pending_queries[layer_idx].append(query.detach())
             self.pending_positions[layer_idx].append(self.current_positions)
 
-    def stepped(self, position: int) -> None:
+    def stepped(self, position: int, position_tensor: torch.Tensor) -> None:
         """The static step wrote this cache's token at `position`: its K/V at every layer's n and its
-        queries at ring_head (step.py). The host bookkeeping that follows."""
+        queries at ring_head (step.py). The host bookkeeping that follows. `position_tensor`: the
+        position as a (1,) device tensor (the step's staging input), so no host copy is made."""
         for layer in self.layers:
             layer.n += 1
         i = self.ring_head
@@ -86,7 +87,7 @@ class QueryRecord:
         self._order = None
         if self.keep_pending:
             q = self.ring[:, :, i].clone()  # (L, H_q, D): the ring is overwritten W tokens on
-            pos = torch.tensor([position], device=q.device)
+            pos = position_tensor.clone()  # the staging row is refilled next step
             for li in range(len(self.layers)):
                 self.pending_queries[li].append(q[li, None, :, None])
                 self.pending_positions[li].append(pos)
@@ -97,11 +98,15 @@ class QueryRecord:
         if self._order is None:
             w, n = self.window, self.ring_count
             index = [(self.ring_head - n + j) % w for j in range(n)]
+            positions = [self.ring_positions[i] for i in index]
             dev = self.ring.device
-            self._order = (
-                torch.tensor(index, device=dev),
-                torch.tensor([self.ring_positions[i] for i in index], device=dev),
-            )
+            if positions == list(range(positions[0], positions[0] + n)):
+                # The usual case (the stream's newest tokens): made on the device, so a round
+                # copies nothing from the host (on a GPU, a pageable copy that waits for the queue).
+                steps = torch.arange(n, device=dev)
+                self._order = ((steps + (self.ring_head - n)) % w, steps + positions[0])
+            else:
+                self._order = (torch.tensor(index, device=dev), torch.tensor(positions, device=dev))
         return self._order
 
     @property

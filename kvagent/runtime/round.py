@@ -14,10 +14,12 @@ from kvagent.runtime.policies.base import BasePolicy, LayerView
 _SEED_MIX = (1_000_003, 10_007)
 
 
-def round_generator(seed: int, layer_idx: int, logical_length: int) -> torch.Generator:
+def round_generator(seed: int, layer_idx: int, logical_length: int, device=None) -> torch.Generator:
     """A generator that depends only on (seed, layer, logical length), not on the path that led
-    here, so reprefill's cache is a function of the token history alone."""
-    g = torch.Generator()
+    here, so reprefill's cache is a function of the token history alone. On the cache's device, so
+    a policy's draws need no host copy (a CUDA generator draws other numbers than a CPU one: keep-sets
+    are reproducible per device, not across devices)."""
+    g = torch.Generator(device=device) if device is not None else torch.Generator()
     g.manual_seed((seed * _SEED_MIX[0] + layer_idx * _SEED_MIX[1] + logical_length) % (2**63 - 1))
     return g
 

@@ -127,20 +127,25 @@ class Scheduler:
 
     def _loop(self) -> None:
         while (batch := self._take()) is not None:
-            # Sessions in consecutive slots side by side, so their decode tokens form one run.
-            chunks = sorted((c for _, c, _ in batch), key=_slot_order)
-            t0 = time.perf_counter()
-            try:
-                self.widest_run = max(self.widest_run, run_forward(self.engine, chunks))
-                self._last_forward_end = time.perf_counter()
-                self._last_forward_s = self._last_forward_end - t0
-            except BaseException as e:  # handed to every caller of this forward
-                for c in chunks:
-                    c.error = e
-            self.forwards += 1
-            self.rows += len(chunks)
-            for _, _, done in batch:
-                done.set()
+            self._serve(batch)
+            # Hold no finished forward's chunks (their caches, logits) while waiting for the next.
+            del batch
+
+    def _serve(self, batch: list[tuple[float, Chunk, threading.Event]]) -> None:
+        # Sessions in consecutive slots side by side, so their decode tokens form one run.
+        chunks = sorted((c for _, c, _ in batch), key=_slot_order)
+        t0 = time.perf_counter()
+        try:
+            self.widest_run = max(self.widest_run, run_forward(self.engine, chunks))
+            self._last_forward_end = time.perf_counter()
+            self._last_forward_s = self._last_forward_end - t0
+        except BaseException as e:  # handed to every caller of this forward
+            for c in chunks:
+                c.error = e
+        self.forwards += 1
+        self.rows += len(chunks)
+        for _, _, done in batch:
+            done.set()
 
 
 def pick(sizes: list[int], max_batch: int, max_tokens: int, prefill_budget: int | None) -> list[int]:

@@ -119,6 +119,7 @@ class Session:
     @property
     def stats(self) -> CacheStats:
         s = self._stats
+        self.evictor.clock.settle()  # round seconds still in flight on a GPU (clock.py)
         s.logical_length = self.logical_length
         s.entries = self.cache.entries()
         s.kv_bytes = [layer.nbytes() for layer in self.cache.layers]
@@ -364,6 +365,8 @@ class Session:
         t0 = time.perf_counter()
         self.engine.forward(chunk)
         self._stats.forward_s += time.perf_counter() - t0
+        if chunk.route is not None:  # "static", or why it ran eager (step.EAGER_REASONS)
+            self._stats.forwards[chunk.route] = self._stats.forwards.get(chunk.route, 0) + 1
         self._stats.peak_entries = max(self._stats.peak_entries, *cache.entries())
         logits = chunk.logits
         self.history.extend(ids)

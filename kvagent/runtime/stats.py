@@ -23,6 +23,8 @@ class CacheStats:
     reused_tokens: int = 0
     decode_tokens: int = 0
     forward_s: float = 0.0  # wall time inside model forwards
+    # forwards by how they ran: "static" (the static decode step) or why eager (step.EAGER_REASONS)
+    forwards: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_kv_bytes(self) -> int:

@@ -2,29 +2,40 @@
 runs (eager, compiled or a captured CUDA graph).
 
 A forward goes the static way when every chunk is one decode token of a session whose every layer
-lives in its slot (pool.py) with room for the token, all in one pool block: the rows are B
-consecutive slots of that block from the lowest slot taken, B the smallest batch size (1, 2, 4,
-...) that covers the highest, so one function (compiled or captured) per (block, first slot, B)
-serves every step, and a session stepping alone computes with B = 1 in whichever slot it holds
-(the same numbers, bit for bit, wherever it lives). Rows whose slot has no token this step are
-empty rows (decoder.py). Everything else (prefill chunks, dense,
-fractional, adaptive or reprefill-rebuilding caches, a layer outgrown into private memory, a
-mix of pools) runs the eager forward (forward.py), which writes the same slabs.
+lives in its slot (pool.py) with room for the token, all in one pool block: the rows are the first
+B slots of that block, B the smallest batch size (1, 2, 4, ..., the block's size) that covers the
+highest slot stepping, so one function (compiled or captured) per (block, B) serves every step and
+every key exists before the first step (`prepare`, called when a session takes its slot). Live
+sessions sit at the front of their block (`Evictor.settle`), so the rows are mostly live; rows whose
+slot has no token this step are empty rows (decoder.py). Everything else runs the eager forward
+(forward.py), which writes the same slabs, and says why (`EAGER_REASONS`, counted per reason).
 
-Per step the host fills five small input buffers (pinned on CUDA, copied without blocking), runs
-the step and does the bookkeeping that follows (each session's entry counts and window ring,
-`EvictableCache.stepped`). Modes (`Engine.load(decode_step=...)`):
+Per step the host fills one pinned staging buffer (ids, positions, ring indices, the rows' order
+and each layer's entry counts), copies it without blocking, runs the step and does the bookkeeping
+that follows (`EvictableCache.stepped`). Nothing in a step reads a value back to the host. Modes
+(`Engine.load(decode_step=...)`):
 - `eager`: no static step; every forward is forward.py's.
 - `static`: the static step, run op by op (on a CPU over oneDNN-packed weights, linear.py).
-- `compiled`: the static step under `torch.compile(fullgraph=True, dynamic=False)`, compiled on
-  first use for each batch size B.
-- `graph` (CUDA): the static step captured in a CUDA graph per (block, first slot, B) on first use, all
-  graphs in one memory pool, replayed every step; its RMSNorm, RoPE and activation compiled
-  (`Decoder.compile_parts`).
+- `compiled`: the static step under `torch.compile(fullgraph=True, dynamic=False)`, compiled for
+  every batch size when a block is prepared.
+- `graph` (CUDA): the static step captured in a CUDA graph per (block, B) when the block is
+  prepared (thread-local capture mode: other threads may sync or allocate meanwhile), all graphs in
+  one memory pool, replayed every step; its RMSNorm, RoPE and activation compiled
+  (`Decoder.compile_parts`). A capture that fails leaves that key on the uncaptured static step,
+  counted (`capture_failures`) and logged once; the forward never fails for it.
 - `auto`: `graph` on CUDA, `static` on a CPU.
+
+A block's batches live on the block (`SlotBlock.batches`): when its last session leaves and the pool
+drops it, its buffers and graphs go with it.
 """
 
 from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
 
 import torch
 
@@ -32,6 +43,18 @@ from kvagent.errors import ConfigError
 from kvagent.runtime.decoder import Decoder, decoder_for
 
 MODES = ("auto", "eager", "static", "compiled", "graph")
+
+# Why a forward ran eager, one code each (session stats, `kvagent inspect`, serve's /metrics).
+EAGER_REASONS = {
+    "mode": "--decode-step eager, or an architecture without a static step",
+    "prefill": "a chunk of more than one token (prefill, a tool output, a re-prefill rebuild)",
+    "private": "a cache outside the slot pools (dense, fractional budget, adaptive heads)",
+    "mixed_block": "decode rows from different pool blocks or pools in one forward",
+    "outgrown": "a layer outside its slot, or full, or a window ring of its own",
+}
+
+log = logging.getLogger("kvagent")
+_RUNNERS = itertools.count()
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
@@ -44,70 +67,85 @@ def resolve_mode(mode: str, device: torch.device) -> str:
     return mode
 
 
+def batch_sizes(block_slots: int) -> list[int]:
+    """1, 2, 4, ... below the block's size, then the size itself: the static batches of a block."""
+    sizes, b = [], 1
+    while b < block_slots:
+        sizes.append(b)
+        b *= 2
+    return [*sizes, block_slots]
+
+
 class StaticBatch:
-    """The static buffers of one (pool block, first slot, B): inputs, views of the B slots' slabs,
-    and the function that runs on them."""
+    """The static buffers of one (pool block, B): inputs, views of the first B slots' slabs, and the
+    function that runs on them (its CUDA graph once captured). Holds the block's tensors through
+    views only, never the block, so a block dropped from its pool frees everything."""
 
-    def __init__(self, runner: StepRunner, pool, block, first: int, size: int) -> None:
-        dev = runner.device
-        n_layers = len(pool.capacities)
-        self.block, self.first, self.size, self.pool = block, first, size, pool
-        self.caps = pool.capacities
+    # staging rows: ids, pos, wpos, ridx, order, then one row of entry counts per layer
+    IDS, POS, WPOS, RIDX, ORDER, LENS = range(6)
+
+    def __init__(self, fn, device: torch.device, block, size: int, caps: tuple[int, ...]) -> None:
+        n_layers = len(caps)
+        self.size = size
         self.window = block.ring.shape[3] - 1
-        pin = dev.type == "cuda"
-        # Host staging, one row per input: ids, pos, wpos, ridx, then lens (L rows).
-        self.host = torch.empty((4 + n_layers, size), dtype=torch.long, pin_memory=pin)
-        # An empty row's inputs: token 0 at position 0, recorded as -1, written to the scratch column
-        # of every layer (C_l) and of the ring (W); made once, copied in at every fill.
-        empty = [0, 0, -1, self.window, *self.caps]
+        pin = device.type == "cuda"
+        self.host = torch.empty((self.LENS + n_layers, size), dtype=torch.long, pin_memory=pin)
+        # An empty row: token 0 at position 0, recorded as -1, written to the scratch column of every
+        # layer (C_l) and of the ring (W); its order entry 0. Made once, copied in at every fill.
+        empty = [0, 0, -1, self.window, 0, *caps]
         self.empty = torch.tensor(empty, dtype=torch.long)[:, None].expand(-1, size).numpy().copy()
-        self.inputs = torch.empty((4 + n_layers, size), dtype=torch.long, device=dev)
+        self.inputs = torch.empty((self.LENS + n_layers, size), dtype=torch.long, device=device)
+        self.host.numpy()[:] = self.empty
+        self.inputs.copy_(self.host)  # a capture's warm-up and the graph see empty rows, never garbage
         self.args = (
-            self.inputs[0],
-            self.inputs[1],
-            self.inputs[2],
-            self.inputs[4:],
-            self.inputs[3],
-            [k[first : first + size] for k in block.keys],
-            [v[first : first + size] for v in block.values],
-            [p[first : first + size] for p in block.positions],
-            block.ring[first : first + size],
+            self.inputs[self.IDS],
+            self.inputs[self.POS],
+            self.inputs[self.WPOS],
+            self.inputs[self.LENS :],
+            self.inputs[self.RIDX],
+            [k[:size] for k in block.keys],
+            [v[:size] for v in block.values],
+            [p[:size] for p in block.positions],
+            block.ring[:size],
         )
-        self.logits: torch.Tensor | None = None
-        self.graph = None
+        self.fn = fn
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None  # the graph's output buffer
         self.copied = torch.cuda.Event() if pin else None  # the last copy out of `host` is done
-        self.fn = runner.fn
-        self.runner = runner
 
-    def fill(self, rows: dict[int, tuple[int, int, list[int], int]]) -> None:
-        """rows: slot index -> (token id, position, per-layer entry count, ring index)."""
+    def fill(self, rows: dict[int, tuple[int, int, list[int], int]], order: list[int]) -> None:
+        """rows: slot index -> (token id, position, per-layer entry count, ring index); order: the
+        slot of each chunk, in the forward's order (the logits rows it takes)."""
         if self.copied is not None:
             self.copied.synchronize()  # the previous step's copy may still read the staging rows
         h = self.host.numpy()
         h[:] = self.empty  # every row empty (scratch column, position -1) until a session fills it
         for slot, (token, position, lens, ring_index) in rows.items():
-            i = slot - self.first
-            h[0, i], h[1, i], h[2, i], h[3, i] = token, position, position, ring_index
-            h[4:, i] = lens
+            h[self.IDS, slot], h[self.POS, slot], h[self.WPOS, slot] = token, position, position
+            h[self.RIDX, slot] = ring_index
+            h[self.LENS :, slot] = lens
+        h[self.ORDER, : len(order)] = order
         self.inputs.copy_(self.host, non_blocking=True)
         if self.copied is not None:
             self.copied.record()
 
+    def order(self, n: int) -> torch.Tensor:
+        return self.inputs[self.ORDER, :n]
+
     def run(self) -> torch.Tensor:
-        if self.runner.mode != "graph":
-            return self.fn(*self.args)
         if self.graph is None:
-            self.graph, self.logits = self.runner.capture(self.fn, self.args)
+            return self.fn(*self.args)
         self.graph.replay()
         return self.logits
 
 
 class StepRunner:
-    """One per engine: the static batches by (block, first slot, B), made on first use."""
+    """One per engine (and decode mode): plans each forward, prepares each block's static batches."""
 
     def __init__(self, engine, mode: str, decoder: Decoder | None = None) -> None:
         self.device = engine.device
         self.mode = resolve_mode(mode, engine.device)
+        self.key = next(_RUNNERS)  # a block's batches are per runner (set_decode_step makes another)
         # Built once per engine (it fuses the weights); kept, unused, by an eager runner.
         self.plain = decoder if decoder is not None else decoder_for(engine.model, engine.scaling)
         self.enabled = self.mode != "eager" and self.plain is not None
@@ -118,79 +156,124 @@ class StepRunner:
         self.decoder = self.plain.packed(packs) if packed else self.plain
         if self.enabled and self.mode == "graph":
             self.decoder.compile_parts()  # norms, RoPE, activation: one kernel each in the graph
-        # One compiled function for every batch: it compiles once per B (the first slot changes
-        # only the views' storage offsets, which its guards do not check).
+        # One compiled function for every batch: it compiles once per B.
         self.compiled = None
         if self.enabled and self.mode == "compiled":
             self.compiled = torch.compile(self.decoder.__call__, fullgraph=True, dynamic=False)
         self.fn = self.compiled or self.decoder
-        self.batches: dict[tuple[int, int, int], StaticBatch] = {}
         self.max_slots = engine.max_batch
-        self.steps = 0  # forwards the static step ran (tests, benchmarks)
+        self.steps = 0  # forwards the static step ran (tests, benchmarks, /metrics)
+        self.eager = Counter()  # forwards run eager, by reason (EAGER_REASONS)
+        self.captures = 0
+        self.capture_s = 0.0  # seconds spent preparing batches (captures, compiles), outside steps
+        self.capture_failures = 0
+        self.capture_each_s: list[float] = []  # each capture's seconds (the first compiles the parts)
+        self._failure_logged = False
         self._graph_pool = None
+        self._lock = threading.Lock()  # one prepare at a time (a capture is not reentrant)
 
-    def plan(self, chunks) -> tuple | None:
-        """(pool, block, first slot, B) when the static step takes these chunks, else None."""
+    # ----------------------------------------------------------------- which forwards
+    def plan(self, chunks) -> tuple:
+        """((block, B), None) when the static step takes these chunks, else (None, the reason)."""
         if not self.enabled:
-            return None
+            return None, "mode"
+        if any(len(c.ids) != 1 for c in chunks):
+            return None, "prefill"
         first = chunks[0].cache.slot
-        if first is None:
-            return None
+        if first is None or first.block.ring is None:
+            return None, "private"
         pool, block = first.pool, first.block
-        if block.ring is None:
-            return None
-        top, low = 0, pool.block_slots
+        top = 0
         for c in chunks:
             slot = c.cache.slot
-            if len(c.ids) != 1 or slot is None or slot.pool is not pool or slot.block is not block:
-                return None
+            if slot is None:
+                return None, "private"
+            if slot.pool is not pool or slot.block is not block:
+                return None, "mixed_block"
             if not _fits(c.cache, slot, pool.capacities):
-                return None
-            top, low = max(top, slot.index + 1), min(low, slot.index)
-        size = 1
-        while size < top - low:
-            size *= 2
-        size = min(size, pool.block_slots)
-        return pool, block, min(low, pool.block_slots - size), size
+                return None, "outgrown"
+            top = max(top, slot.index + 1)
+        size = next(b for b in batch_sizes(pool.block_slots) if b >= top)
+        return (pool, block, size), None
+
+    def count_eager(self, reason: str, chunks) -> None:
+        self.eager[reason] += 1
+        for c in chunks:
+            c.route = reason
+
+    # ----------------------------------------------------------------- the step
+    def batch(self, pool, block, size: int) -> StaticBatch:
+        batch = block.batches.get((self.key, size))
+        if batch is None:  # a block prepared by another runner, or a size not yet made
+            self.prepare(pool, block)
+            batch = block.batches[(self.key, size)]
+        return batch
 
     def run(self, chunks, plan) -> None:
-        pool, block, first, size = plan
-        key = (id(block), first, size)
-        batch = self.batches.get(key)
-        if batch is None or batch.block is not block:
-            # A pool whose slots all came free dropped its blocks: their batches (and graphs) go too.
-            for k in [k for k, b in self.batches.items() if not any(x is b.block for x in b.pool.blocks)]:
-                del self.batches[k]
-            batch = self.batches[key] = StaticBatch(self, pool, block, first, size)
+        pool, block, size = plan
+        batch = self.batch(pool, block, size)
         rows = {}
         for c in chunks:
             cache = c.cache
             cache.current_positions = c.positions
             rows[cache.slot.index] = (c.ids[0], c.first, [layer.n for layer in cache.layers], cache.ring_head)
-        batch.fill(rows)
+        order = [c.cache.slot.index for c in chunks]
+        batch.fill(rows, order)
         logits = batch.run()
-        order = [c.cache.slot.index - first for c in chunks]
-        picked = logits.index_select(
-            0, torch.tensor(order, device=logits.device)
-        )  # a copy: the buffer is reused
+        picked = logits.index_select(0, batch.order(len(chunks)))  # a copy: the buffer is reused
+        positions = batch.inputs[StaticBatch.POS]
         for i, c in enumerate(chunks):
-            c.cache.stepped(c.first)
+            slot = c.cache.slot.index
+            c.cache.stepped(c.first, positions[slot : slot + 1])
             c.logits = picked[i : i + 1]
+            c.route = "static"
         self.steps += 1
 
-    def capture(self, fn, args):
-        """A CUDA graph of `fn(*args)` (warmed up on a side stream first), in the engine's one pool."""
-        if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn(*args)  # warm-up: kernels chosen, workspaces allocated outside the graph
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
-            out = fn(*args)
-        return graph, out
+    # ----------------------------------------------------------------- preparing a block
+    @torch.no_grad()  # as the forwards run (a compiled step's guards include the grad mode)
+    def prepare(self, pool, block) -> None:
+        """Make every static batch of `block` (B = 1, 2, 4, ..., its size) before anything steps in
+        it: compiled for each B, or captured in a CUDA graph for each B. Idempotent; a session calls
+        it when it takes a slot (`Engine.slot_for`), so no capture or compile falls inside a step."""
+        if not self.enabled or block.ring is None:
+            return
+        with self._lock:
+            t0 = time.perf_counter()
+            for size in batch_sizes(pool.block_slots):
+                if (self.key, size) in block.batches:
+                    continue
+                batch = StaticBatch(self.fn, self.device, block, size, pool.capacities)
+                if self.mode == "graph":
+                    self._capture(batch)
+                elif self.mode == "compiled":
+                    batch.run()  # compiles this B now; empty rows write only scratch columns
+                block.batches[(self.key, size)] = batch
+            self.capture_s += time.perf_counter() - t0
+
+    def _capture(self, batch: StaticBatch) -> None:
+        """A CUDA graph of the batch's step (warmed up on a side stream first), in the runner's one
+        memory pool; on failure the batch keeps running uncaptured."""
+        t0 = time.perf_counter()
+        try:
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                batch.fn(*batch.args)  # warm-up: kernels chosen, workspaces allocated outside the graph
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
+                out = batch.fn(*batch.args)
+            batch.graph, batch.logits = graph, out
+            self.captures += 1
+            self.capture_each_s.append(time.perf_counter() - t0)
+        except Exception as e:  # a capture error must never fail a request: run uncaptured
+            self.capture_failures += 1
+            batch.graph = batch.logits = None
+            if not self._failure_logged:
+                self._failure_logged = True
+                log.warning("CUDA graph capture failed (B=%d), running uncaptured: %s", batch.size, e)
 
 
 def _fits(cache, slot, caps) -> bool:

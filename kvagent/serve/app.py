@@ -89,6 +89,7 @@ class Server:
             "batch_forwards": sched.forwards if sched is not None else 0,
             "batch_rows": sched.rows if sched is not None else 0,
             "static_steps": self.engine.step_runner.steps,
+            "eager_forwards": dict(self.engine.step_runner.eager),
             "started": dict(self.conversations.started),
             "dropped": dict(self.conversations.dropped),
         }

@@ -10,6 +10,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from kvagent.runtime.step import EAGER_REASONS
+
 START_REASONS = ("new", "busy", "dropped", "diverged")
 DROP_REASONS = ("kv_memory", "max_sessions", "unreadable", "lost")
 PLACES = ("host", "disk")  # where an idle session moves out to (--swap-space, --session-dir)
@@ -126,6 +128,15 @@ class _StateCollector:
             "rest ran the eager forward.",
             s["static_steps"],
         )
+        eager = CounterMetricFamily(
+            "kvagent_eager_forwards",
+            "Forwards the eager forward ran, by why the static decode step did not take them "
+            "(docs/architecture.md: prefill, private, mixed_block, outgrown, mode).",
+            labels=["reason"],
+        )
+        for reason in EAGER_REASONS:
+            eager.add_metric([reason], s["eager_forwards"].get(reason, 0))
+        yield eager
         started = CounterMetricFamily(
             "kvagent_sessions_started",
             "Sessions started, by why no live one was continued: new, busy (it was serving another "

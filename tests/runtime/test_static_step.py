@@ -21,8 +21,9 @@ from kvagent.runtime.step import StaticBatch
 STEPS = 300
 
 
-def _pair(tiny_engines, kind="qwen3", max_batch=1):
-    """An eager and a static engine over identical weights."""
+def _pair(tiny_engines, kind="qwen3", max_batch=1, attention="auto"):
+    """An eager and a static engine over identical weights; `attention`: the static step's backend
+    (split: 8 keys a chunk, so a tiny slab still splits into several)."""
     base = tiny_engines[kind]
     out = {}
     for mode in ("eager", "static"):
@@ -30,6 +31,10 @@ def _pair(tiny_engines, kind="qwen3", max_batch=1):
         out[mode] = Engine.load(
             model, tokenizer=base.tokenizer, device="cpu", decode_step=mode, max_batch=max_batch
         )
+    static = out["static"]
+    static.step_runner.plain.set_attention(attention, static.device, kv_chunk=8)
+    static.set_decode_step("static")  # its step (the packed twin) made again with that backend
+    assert static.step_runner.decoder.attention == ("sdpa" if attention == "auto" else attention)
     return out
 
 
@@ -60,9 +65,12 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "split"])
 @pytest.mark.parametrize("fields", CONFIGS, ids=lambda f: f"{f['policy']}-{f.get('mode', 'persistent')}")
-def test_static_step_equals_eager_over_300_steps(tiny_engines, fields):
-    engines = _pair(tiny_engines)
+def test_static_step_equals_eager_over_300_steps(tiny_engines, fields, attention):
+    """Both static attention backends (attention_step.py) against the eager forward: rounds, a
+    forget (ragged heads), a rewind and prefill chunks between the steps."""
+    engines = _pair(tiny_engines, attention=attention)
     runs = {}
     for mode, engine in engines.items():
         s = engine.session(CacheConfig(**fields))
@@ -71,15 +79,21 @@ def test_static_step_equals_eager_over_300_steps(tiny_engines, fields):
     assert engines["eager"].step_runner.steps == 0
     assert engines["static"].step_runner.steps > STEPS // 2  # the static step really carried decode
     assert e_s.stats.rounds == s_s.stats.rounds > 5
+    # Each session's stats say how its forwards ran: eager ones with their reason.
+    assert set(e_s.stats.forwards) == {"mode"}
+    routes = s_s.stats.forwards
+    assert routes["static"] > STEPS // 2 and routes["prefill"] >= 3
+    assert sum(routes.values()) == sum(e_s.stats.forwards.values())
     for a, b in zip(e_logits, s_logits, strict=True):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
     for a, b in zip(e_s.kept_positions(), s_s.kept_positions(), strict=True):
         assert torch.equal(a, b)
 
 
-def test_sessions_joining_and_leaving_a_static_batch_equal_eager_solo_runs(tiny_engines):
+@pytest.mark.parametrize("attention", ["sdpa", "split"])
+def test_sessions_joining_and_leaving_a_static_batch_equal_eager_solo_runs(tiny_engines, attention):
     solo = _pair(tiny_engines)["eager"]
-    batched = _pair(tiny_engines, max_batch=4)["static"]
+    batched = _pair(tiny_engines, max_batch=4, attention=attention)["static"]
     cfg = CacheConfig(policy="snapkv", budget=24, buffer=8, protect="sink")
     plans = [(0, 120), (15, 60), (30, 140), (45, 40), (70, 90)]  # (steps to wait, steps to run)
     alone = []
@@ -246,10 +260,13 @@ def test_decode_step_modes_are_checked(tiny_engines):
         Engine.load(base.model, tokenizer=base.tokenizer, device="cpu", decode_step="graph")
 
 
-def test_a_pool_left_empty_gives_its_memory_back(tiny_engines):
-    """Solo engines make a pool per budget: once its last session is gone the slabs are freed, and
-    the static batches over them are dropped when the next one is made."""
+def test_a_block_and_its_static_batches_are_freed_without_the_garbage_collector(tiny_engines):
+    """Once a block's last session is gone the pool drops it, and with it the static batches (and on
+    CUDA the graphs) made over it: no reference cycle (a cache and its layers, a runner and its
+    batches) and no scheduler local keeps its slabs alive, so the memory is back before the next
+    session of another budget runs a forward, with the collector off."""
     import gc
+    import weakref
 
     engine = _pair(tiny_engines)["static"]
     cfg = CacheConfig(policy="random", budget=24, buffer=8, protect="sink")
@@ -257,15 +274,46 @@ def test_a_pool_left_empty_gives_its_memory_back(tiny_engines):
     pool = s.evictor.slot.pool
     s.append(list(range(1, 41)))
     s.step(3)
-    assert pool.nbytes() > 0 and len(engine.step_runner.batches) == 1
-    del s
+    block = pool.blocks[0]
+    assert pool.nbytes() > 0 and len(block.batches) == 1
+    dead = [weakref.ref(x) for x in (block, block.keys[0], *block.batches.values())]
+    del block
     gc.collect()
-    assert pool.nbytes() == 0 and pool.in_use == 0
+    gc.disable()
+    try:
+        del s
+        other = engine.session(CacheConfig(policy="snapkv", budget=32, buffer=8, protect="sink"))
+        other.append(list(range(1, 41)))
+        other.step(3)  # one forward of another block
+        assert [r() for r in dead] == [None] * len(dead)
+        assert pool.nbytes() == 0 and pool.in_use == 0
+    finally:
+        gc.enable()
     again = engine.session(cfg)
     again.append(list(range(1, 41)))
     again.step(3)
-    [batch] = engine.step_runner.batches.values()
-    assert batch.block is pool.blocks[0] and again.evictor.slot.pool is pool
+    assert again.evictor.slot.pool is pool and len(pool.blocks[0].batches) == 1
+
+
+def test_a_batching_engines_scheduler_holds_no_finished_forward(tiny_engines):
+    """The scheduler thread keeps no chunk (its cache, its logits) of a forward it has served."""
+    import gc
+    import weakref
+
+    engine = _pair(tiny_engines, max_batch=4)["static"]
+    cfg = CacheConfig(policy="random", budget=24, buffer=8, protect="sink")
+    s = engine.session(cfg)
+    s.append(list(range(1, 41)))
+    s.step(3)
+    ref = weakref.ref(s.cache)
+    gc.collect()
+    gc.disable()
+    try:
+        del s
+        assert ref() is None
+    finally:
+        gc.enable()
+        engine.close()
 
 
 def test_a_session_moves_into_a_slot_that_came_free_and_steps_the_same(tiny_engines):
@@ -317,3 +365,73 @@ def test_a_session_moves_into_a_slot_that_came_free_and_steps_the_same(tiny_engi
     assert runner.steps - steps0 == sched.forwards - forwards0 and sched.rows - rows0 == 80
     assert sched.rows - rows0 > sched.forwards - forwards0  # some forwards held both
     batched.close()
+
+
+class HostSyncs(TorchDispatchMode):
+    """What would stall a GPU's host inside a step or a round: a value read back (`.item()`,
+    `int(t)`, `.tolist()`), a tensor made from host data (on CUDA a pageable host-to-device copy),
+    a boolean-mask index or `nonzero` (an output shape the host must wait for)."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        bool_index = name.startswith("aten.index.Tensor") and any(
+            isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in leaves[1:]
+        )
+        if "_local_scalar_dense" in name or "lift_fresh" in name or "nonzero" in name or bool_index:
+            self.found.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("policy", ["random", "snapkv", "h2o"])
+def test_no_host_sync_inside_a_step_or_a_round(tiny_engines, monkeypatch, policy):
+    """A whole `StepRunner.run` (staging, step, bookkeeping) and a whole round (view, scores,
+    selection, compaction) dispatch nothing that reads a value back to the host or copies host
+    data in: on a GPU each would stall the host behind every kernel queued before it."""
+    from kvagent.runtime.evictor import Evictor
+    from kvagent.runtime.step import StepRunner
+
+    engine = _pair(tiny_engines)["static"]
+    s = engine.session(CacheConfig(policy=policy, budget=24, buffer=8, protect="sink"))
+    s.append(list(range(1, 41)))
+    seen = {"step": [], "round": []}
+
+    def watch(kind, original):
+        def wrapped(*args, **kwargs):
+            rec = HostSyncs()
+            with rec:
+                out = original(*args, **kwargs)
+            seen[kind].append(rec.found)
+            return out
+
+        return wrapped
+
+    monkeypatch.setattr(StepRunner, "run", watch("step", StepRunner.run))
+    monkeypatch.setattr(Evictor, "_evict_layer", watch("round", Evictor._evict_layer))
+    for t in range(60):
+        s.step(1 + t)
+    assert len(seen["step"]) == 60 and len(seen["round"]) >= 4
+    assert all(found == [] for found in seen["step"]), seen["step"][0]
+    assert all(found == [] for found in seen["round"]), seen["round"][0]
+
+
+def test_a_failed_capture_falls_back_to_the_uncaptured_step(tiny_engines, caplog):
+    """A capture that fails (here: no CUDA at all) leaves each batch size on the uncaptured static
+    step, counted and logged once; the forwards run, with the eager step's logits."""
+    engines = _pair(tiny_engines)
+    runner = engines["static"].step_runner
+    runner.mode = "graph"  # the capture path, on a machine where it cannot succeed
+    cfg = CacheConfig(policy="snapkv", budget=24, buffer=8, protect="sink")
+    out = {}
+    with caplog.at_level("WARNING", logger="kvagent"):
+        for mode, engine in engines.items():
+            s = engine.session(cfg)
+            out[mode] = [s.append(list(range(1, 41)))] + [s.step(1 + t) for t in range(40)]
+    assert runner.capture_failures == 1 and runner.captures == 0 and runner.steps == 40
+    assert sum("capture failed" in r.message for r in caplog.records) == 1
+    for a, b in zip(out["eager"], out["static"], strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)

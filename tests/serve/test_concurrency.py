@@ -68,6 +68,10 @@ def test_eight_concurrent_conversations_equal_their_solo_runs(
     assert m["kvagent_batch_rows_total"] > m["kvagent_batch_forwards_total"] > 0
     assert m['kvagent_sessions_started_total{reason="new"}'] == n and m["kvagent_live_sessions"] == n
     assert m["kvagent_static_steps_total"] == 0  # full caches hold no pool slot: every forward eager
+    # ... and /metrics says why: prefill chunks, and decode tokens of caches outside the pools
+    eager = {r: m[f'kvagent_eager_forwards_total{{reason="{r}"}}'] for r in ("prefill", "private", "mode")}
+    assert eager["private"] > 0 and eager["prefill"] > 0 and eager["mode"] == 0
+    assert eager["private"] + eager["prefill"] == m["kvagent_batch_forwards_total"]
 
 
 def _running(srv, count: int, timeout: float = 60) -> None:

@@ -65,7 +65,7 @@ class LayerView:
         pos = self.positions
         mask = torch.zeros(pos.shape, dtype=torch.bool, device=pos.device)
         if self.recent_buffer > 0:
-            mask[..., max(0, pos.shape[-1] - self.recent_buffer) :] = True
+            mask[..., max(0, pos.shape[-1] - self.recent_buffer) :].fill_(True)
         return mask & (pos >= 0)
 
     @property

@@ -32,7 +32,8 @@ def block_rows(view: LayerView, n_blocks: int) -> torch.Tensor:
     mean = probs.mean(dim=1)  # (B, W, N): average over all query heads (one keep-set per layer)
     ids = view.block_ids.to(mean.device)
     cand = ids >= 0
-    rows.index_add_(2, ids[cand], mean[..., cand])
+    # Non-candidates add an exact 0 to block 0, rather than a boolean-mask index (a host sync on a GPU).
+    rows.index_add_(2, ids.clamp(min=0), mean * cand)
     return rows / rows.sum(dim=-1, keepdim=True).clamp_min(_TINY)
 
 
@@ -71,7 +72,7 @@ def log_priority(w: torch.Tensor, n: float, generator: torch.Generator) -> torch
         return wd.log() - wd.log1p()
     n = int(n)
     dev = generator.device
-    # Draw on the generator's device (CPU in the runtime) so keep-sets do not depend on the GPU.
+    # The generator is on the cache's device (round.round_generator): no host copy.
     u = torch.rand((wd.shape[0], n, wd.shape[1]), generator=generator, dtype=torch.float64, device=dev)
     logu = u.clamp_min(torch.finfo(torch.float64).tiny).log()  # rand may return exactly 0
     lp = torch.logsumexp(logu / wd.to(dev).unsqueeze(1), dim=1) - math.log(n)
@@ -144,9 +145,9 @@ class NexusPolicy(BasePolicy):
         ids = view.block_ids.to(view.positions.device)
         b = view.positions.shape[0]
         cand = ids >= 0
-        pos = view.positions[:, 0, cand]  # shared keep-sets: every head holds the same positions
-        hit = (pos < self.sink_blocks * self.block).float()
-        sink = torch.zeros((b, nb), device=pos.device).index_add_(1, ids[cand], hit) > 0
+        pos = view.positions[:, 0]  # shared keep-sets: every head holds the same positions
+        hit = ((pos < self.sink_blocks * self.block) & cand).float()  # non-candidates add 0 to block 0
+        sink = torch.zeros((b, nb), device=pos.device).index_add_(1, ids.clamp(min=0), hit) > 0
         # Block ids ascend with age: the last ones are the newest.
         newest = torch.arange(nb, device=pos.device) >= nb - own_recency(self.recent_blocks, 1, 0, view)
         return sink | newest
@@ -154,8 +155,9 @@ class NexusPolicy(BasePolicy):
     def scores(self, view: LayerView) -> torch.Tensor:
         b, _, n = view.positions.shape
         lp = self.block_priorities(view)
-        out = torch.full((b, 1, n), float("inf"), dtype=torch.float32, device=lp.device)
+        if lp.shape[1] == 0:  # no candidate block: everything is kept by the runtime
+            return torch.full((b, 1, n), float("inf"), dtype=torch.float32, device=view.keys.device)
         ids = view.block_ids.to(lp.device)
-        cand = ids >= 0
-        out[:, 0, cand] = lp[:, ids[cand]]
+        # Each candidate its block's priority, the rest +inf (kept by the runtime anyway).
+        out = torch.where(ids >= 0, lp[:, ids.clamp(min=0)], float("inf")).unsqueeze(1)
         return out.to(view.keys.device)

@@ -29,7 +29,6 @@ class RandomPolicy(BasePolicy):
     def scores(self, view: LayerView) -> torch.Tensor:
         b, h, n = view.positions.shape
         heads = 1 if self.shared_across_heads else h
-        # Draw on the generator's device (CPU in the runtime) so keep-sets do not depend on the GPU.
+        # The generator is on the cache's device (round.round_generator): no host copy in a round.
         g = view.generator
-        u = torch.rand((b, heads, n), generator=g, device=g.device)
-        return u.to(view.keys.device)
+        return torch.rand((b, heads, n), generator=g, device=g.device)
