@@ -7,7 +7,9 @@ the compiled step must run before its compile time is paid back. `parts` is the 
 only RMSNorm, RoPE and the gated activation compiled (`Decoder.compile_parts`, as the CUDA graph
 mode has them). A mode followed by `+plain` or `+packed` (`eager+plain`, `static+packed`) runs
 with that `linear=` (runtime/linear.py: plain is torch's F.linear, packed every weight over
-oneDNN's packed layout, bfloat16 too where the CPU can); ratios are to the first mode listed.
+oneDNN's packed layout, bfloat16 too where the CPU can); then `:split` or `:sdpa` picks the static
+step's attention backend (runtime/attention_step.py: `static:split`, `static+packed:sdpa`); ratios
+are to the first mode listed.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decode_modes.py [--model smollm2] [--blocks 12]
         [--batched 8] [--dtype bfloat16] [--modes eager,static,parts,compiled] [--threads 1]
@@ -70,11 +72,15 @@ def main() -> None:
     ]
     per_mode, compile_s = {}, None
     for mode in modes:
-        step, _, linear = mode.partition("+")
+        mode_linear, _, attention = mode.partition(":")
+        step, _, linear = mode_linear.partition("+")
         engine = Engine.load(
             copy.deepcopy(loaded.model), tokenizer=loaded.tokenizer, device="cpu", dtype=args.dtype,
             max_batch=n, decode_step="static" if step == "parts" else step, linear=linear or "auto",
         )  # fmt: skip
+        if attention:  # the static step's attention backend (attention_step.py), made again with it
+            engine.step_runner.plain.set_attention(attention, engine.device)
+            engine.set_decode_step(engine.step_runner.mode)
         if mode == "parts":
             engine.step_runner.decoder.compile_parts()
         sessions = []

@@ -374,9 +374,11 @@ runpy.run_path({str(GPU_DIR / "run.py")!r}, run_name="__main__")
     assert bad.returncode == 2 and "add production" in bad.stderr
 
 
-def test_graph_step_quick_run_compares_eager_and_static(tmp_path):
-    """benchmarks/gpu/graph_step.py (the static step's GPU benchmark) on the CPU: every N and mode
-    measured, the static rows served by the static step, the files written."""
+def test_graph_step_quick_run_writes_every_field(tmp_path):
+    """benchmarks/gpu/graph_step.py (the static step's GPU benchmark) on the CPU: every N, mode and
+    static attention backend measured from per-forward timings, the static rows served by the static
+    step and exact against the eager step, profiles at the smallest and largest N with attention's
+    share, memory, versions and the bound without the input embedding, the files written."""
     out = tmp_path / "gs"
     code = f"""
 import runpy
@@ -386,16 +388,28 @@ runpy.run_path({str(GPU_DIR / "graph_step.py")!r}, run_name="__main__")
     p = _python(code, tmp_path, timeout=420)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     res = json.loads((out / "graph_step.json").read_text(), parse_constant=_no_nan)
-    _finite_numbers(res)
-    assert res["bandwidth"]["gb_s"] > 0 and res["bound_s"] > 0
+    assert res["skipped"] == [], res["skipped"]
+    assert res["bandwidth"]["gb_s"] > 0 and 0 < res["bound_s"] < res["bound_with_embedding_s"]
+    assert res["step_bytes"] < res["weights_bytes"]
+    assert {"torch", "cuda", "driver", "transformers"} <= set(res["versions"])
+    assert set(res["memory"]) >= {"max_memory_allocated", "mem_free", "mem_total"}
+    modes = ("eager", "static:split", "static:sdpa")
     rows = {(r["policy"], r["n"], r["mode"]): r for r in res["steps"]}
-    assert set(rows) == {
-        (q, n, m) for q in ("random", "nexus") for n in (1, 2, 4) for m in ("eager", "static")
-    }
-    assert all(r["tokens_s"] > 0 for r in rows.values())
-    # The eager rows ran no static step; each static row added some.
-    assert rows[("random", 1, "eager")]["static_steps"] == 0
-    assert all(rows[(q, n, "static")]["static_steps"] > 0 for q in ("random", "nexus") for n in (1, 2, 4))
-    modes = {p["mode"]: p for p in res["profile"]}
-    assert set(modes) == {"eager", "static"} and modes["static"]["aten_ops_per_step"] > 0
-    assert "| random | 4 | static |" in (out / "graph_step.md").read_text()
+    assert set(rows) == {(q, n, m) for q in ("random", "nexus") for n in (1, 2, 4) for m in modes}
+    for (_, n, mode), r in rows.items():
+        assert r["tokens_s"] > 0 and r["forwards"] > 0 and r["mean_batch"] > 0
+        assert r["full_batch_forwards"] > 0 and 0 < r["step_ms_median"] <= r["step_ms_p90"]
+        assert r["rounds"] >= 0 and r["round_s"] >= 0
+        if mode == "eager":
+            assert r["static_forwards"] == 0 and "exactness" not in r
+        else:
+            assert r["static_forwards"] > 0 and r["attention"] == mode.split(":")[1]
+            ex = r["exactness"]
+            assert ex["max_rel_dlogit"] < 1e-4 and ex["argmax_agree"] == ex["rows"] == n
+    assert sum(r["rounds"] for r in rows.values()) > 0
+    assert {p["policy"] for p in res["prepare"]} == {"random", "nexus"}
+    prof = res["profile"]
+    assert {p["n"] for p in prof} == {1, 4} and all(p["top"] for p in prof)
+    assert any(p["attention_share"] is not None and 0 < p["attention_share"] < 1 for p in prof)
+    md = (out / "graph_step.md").read_text()
+    assert "| random | 4 | static:split | split |" in md and "profile N=4" in md
