@@ -3,11 +3,12 @@
 PID 1 is `/bin/bash -l` with a tty, as in R2E-Gym's containers (docs/deepswe.md). kvagent's own
 commands run under `timeout -s KILL`, which puts the command in its own process group; that whole
 group is killed at the deadline and when the command returns, so nothing it started in the
-background outlives it. A command run as R2E-Gym's runtime runs one (`_exec_plain`) is exec'd as it
-is, its stdout and stderr docker's two streams, and what it leaves running stays until close, as
-there. kvagent's tools and state (/kvagent) are copied in at the first `run_tool`, not before. The container is removed on close(), on an exception in a `with`
-block, on Ctrl-C or SIGTERM (KeyboardInterrupt unwinds through close), and at interpreter exit;
-after a SIGKILL, its owner labels let the next sweep (kvagent.sandbox.owner) remove it.
+background outlives it. A command run as R2E-Gym's runtime runs one (`_exec_plain`) is exec'd as
+it is, its stdout and stderr docker's two streams, and what it leaves running stays until close, as
+there. kvagent's tools and state (/kvagent) are copied in at the first `run_tool`, not before. The
+container is removed on close(), on an exception in a `with` block, on Ctrl-C or SIGTERM
+(KeyboardInterrupt unwinds through close), and at interpreter exit; after a SIGKILL, its owner
+labels let the next sweep (kvagent.sandbox.owner) remove it.
 """
 
 from __future__ import annotations
@@ -240,14 +241,14 @@ class DockerSandbox(Sandbox):
     def _scratch(self) -> Iterator[str]:
         """The state dir for one of kvagent's own operations (a diff); made for it and removed after
         when kvagent's tools have not been copied in."""
-        if self._tools_ready:
-            yield self.state_dir
-            return
-        self._exec_raw(["mkdir", "-p", self.state_dir], 60)
+        made = not self._tools_ready and self._exec_raw(["test", "-e", KV_DIR], 60).exit_code != 0
+        if not self._tools_ready:
+            self._exec_raw(["mkdir", "-p", self.state_dir], 60)
         try:
             yield self.state_dir
         finally:
-            self._exec_raw(["rm", "-rf", KV_DIR], 60)
+            if made:  # not an image's own /kvagent
+                self._exec_raw(["rm", "-rf", KV_DIR], 60)
 
     def _copy_in(self, src: Path) -> None:
         tmp = owner.make_dir()  # swept like a local sandbox's if this process is killed here
