@@ -99,3 +99,12 @@ def test_non_utf8_and_crlf_files_round_trip(backend, repo, tmp_path, request):
     subprocess.run(["git", "apply", str(tmp_path / "p.diff")], cwd=fresh, check=True)
     for rel, data in edits.items():
         assert (fresh / rel).read_bytes() == data, rel
+
+
+def test_r2egym_diff_stages_nothing(sandbox):
+    """R2E-Gym's `git add -A && git diff --cached` runs on a copy of the index: the new file is in its
+    output, and the tree's `git status` still shows it untracked."""
+    sandbox.write("fresh.py", "x = 1\n")
+    r = sandbox.r2egym_diff()
+    assert r.exit_code == 0 and "diff --git a/fresh.py b/fresh.py\nnew file mode" in r.output
+    assert sandbox.run("git status --porcelain", timeout=30).output == "?? fresh.py\n"

@@ -80,3 +80,9 @@ def test_pid1_reaps_orphans(sb):
     time.sleep(1.5)
     states = sb.run_command("sh -c 'cut -d\" \" -f3 /proc/[0-9]*/stat'", 90).output.split()
     assert states and "Z" not in states
+
+
+def test_a_diff_leaves_an_images_own_kvagent_dir(sb):
+    sb.run("mkdir -p /kvagent && touch /kvagent/keep", timeout=30)
+    sb.diff()
+    assert sb.run("ls /kvagent", timeout=30).output.split() == ["keep", "state"]
