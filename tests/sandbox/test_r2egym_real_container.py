@@ -34,6 +34,7 @@ CALLS = [
     (SAME_PIPE, "exact"),
     ("ls /", "exact"),
     (ANCESTORS, "exact"),
+    ("sh -c 'ps -o args= -p 1 2>&1; true'", "exact"),  # procps itself, where the image has it
     ("sh -c '(sleep 377 >/dev/null 2>&1 &)'", "exact"),
     (SURVIVOR, "exact"),
     ("sh -c 'sleep 1 & echo started'", "exact"),
