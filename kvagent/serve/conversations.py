@@ -113,6 +113,7 @@ class Conversations:
         self.max_sessions = max_sessions
         self.offload = offload  # where idle sessions go instead of being dropped (None: dropped)
         self._lock = threading.Lock()
+        self._moved = threading.Condition(self._lock)  # a session finished moving out of memory
         self._live: dict[str, Conversation] = {}
         self._dropped: OrderedDict[str, tuple[CacheConfig, array, int, str]] = OrderedDict()
         # ids continue past every one a file in the session dir carries: never given twice
@@ -144,6 +145,8 @@ class Conversations:
         finds no session to continue is refused with a 409 instead of re-prefilled."""
         while True:
             with self._lock:
+                # its session on its way out of memory is not busy: wait until it is stored
+                self._moved.wait_for(lambda: not self._moving(prompt, config))
                 plan = self._match(prompt, config)
                 if plan.status == "continued":
                     plan.conv.busy = True
@@ -291,17 +294,25 @@ class Conversations:
 
     def _move_out(self, victims: list[tuple[Conversation, str]]) -> None:
         for victim, reason in victims:
+            stored, lost = None, []
             try:
                 stored, lost = self.offload.move_out(victim)
-            finally:
+            finally:  # stored, or dropped (counted), in one step: a waiting request finds it either way
                 with self._lock:
                     del self._live[victim.id]
-            with self._lock:
-                if stored is None:
-                    history = array("l", victim.session.history)
-                    self._tombstone(victim.id, victim.config, history, victim.first, reason)
-                for s in lost:
-                    self._tombstone(s.id, s.config, s.history, s.first, reason)
+                    if stored is None:
+                        history = array("l", victim.session.history)
+                        self._tombstone(victim.id, victim.config, history, victim.first, reason)
+                    for s in lost:
+                        self._tombstone(s.id, s.config, s.history, s.first, reason)
+                    self._moved.notify_all()
+
+    def _moving(self, prompt: list[int], config: CacheConfig) -> bool:
+        """Is a session that may continue this prompt being moved out of memory right now?"""
+        return any(
+            c.moving and c.config == config and len(prompt) > c.first and prompt[: c.first] == c.prefix
+            for c in self._live.values()
+        )
 
     def _tombstone(
         self, cid: str, config: CacheConfig, history: array, first: int, reason: str, count: bool = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 
 import openai
 import pytest
@@ -150,3 +151,31 @@ def test_session_ids_are_never_reused_in_a_session_dir(serve, solo_engine, qwen3
     assert new.ids[0] not in convs.ids and int(new.ids[0][1:]) > max(int(x[1:]) for x in convs.ids)
     assert "could not be read back" in convs.refused(srv, 1, 2)
     assert not (tmp_path / f"{convs.ids[1]}.kvs").exists()
+
+
+def test_a_request_for_a_session_moving_out_waits_for_it(
+    serve, batch_engine, solo_engine, qwen3_tokenizer, tmp_path
+):
+    """A conversation's next turn arriving while its idle session is being written out (another
+    request's release moved it) is not `busy`: it waits for the move and continues from disk."""
+    import threading
+
+    srv = serve(batch_engine, defaults=CONFIG, kv_memory=1, session_dir=str(tmp_path))  # one stays in memory
+    offload = srv.app.state.server.conversations.offload
+    moving, move_out = threading.Event(), offload.move_out
+
+    def slow_move_out(conv):
+        moving.set()
+        time.sleep(1.0)
+        return move_out(conv)
+
+    convs = Convs(solo_engine, qwen3_tokenizer, 2)
+    convs.turn(srv, 0, 0)
+    offload.move_out = slow_move_out
+    other = threading.Thread(target=convs.turn, args=(srv, 1, 0))
+    other.start()  # its release moves conversation 0 out, slowly
+    assert moving.wait(timeout=120)
+    r = convs.turn(srv, 0, 1, kv_require_session=True)
+    other.join()
+    assert r.model_extra["kvagent"]["status"] == "continued"
+    assert r.usage.model_dump()["kv_session_restored"] == "disk"
