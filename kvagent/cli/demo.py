@@ -8,49 +8,54 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from kvagent.cli.settings import EngineOptions
-
 DEMO_POLICIES = ("random", "snapkv", "nexus")
+# One more row: observation masking (the full cache, the newest M tool outputs whole, older ones
+# forgotten), persistent; M=4 so that 8 of the episode's 12 tool outputs leave (the paper's 10: 2).
+DEMO_HISTORY = "mask-observations=4"
 PICTURE = "demo.png"
 
 
 def run_demo(
-    engine: EngineOptions,
+    model: str = "smollm2",
     out: str = "demo-out",
     budget: int = 512,
     turns: int = 12,
     seed: int = 0,
     progress: bool = True,
     policies=DEMO_POLICIES,
+    device: str = "auto",
+    dtype: str = "auto",
+    decode_step: str = "auto",
+    linear: str = "auto",
 ) -> list[dict]:
-    """`engine`: the engine options (model, device, ...)."""
     from kvagent.bench.demo_plot import plot_demo, probe_shown
     from kvagent.bench.demo_series import series
     from kvagent.bench.fidelity import make_grid, run_fidelity
     from kvagent.bench.generator import MIN_TURNS, generate_episode
+    from kvagent.bench.masking import HistorySpec
     from kvagent.bench.stream import build_stream
     from kvagent.cli.common import check_out_dir, load_engine, resume_hint
     from kvagent.cli.ui import Bars
     from kvagent.errors import ConfigError
     from kvagent.runtime.budget import check_run, roomy_budget
-    from kvagent.runtime.config import budget_value
 
-    budget_value(budget)  # the one budget check, before the model loads
+    if budget < 1:
+        raise ConfigError(f"budget: must be >= 1 token, got {budget}; e.g. --budget 512")
     if turns < MIN_TURNS:
         raise ConfigError(
             f"turns: {turns} is too short for the generated episode; use --turns {MIN_TURNS} or more"
         )
     check_out_dir(out)
     grid = make_grid(list(policies), ["persistent", "reprefill"], ["prefill+decode"], [budget], ["prompt"])
+    grid.append(HistorySpec("full", history=DEMO_HISTORY))
     t0 = time.perf_counter()
     print(
         f"kvagent demo: generating a {turns}-call episode (seed {seed}, compact system prompt) in a local sandbox ...",
         flush=True,
     )
     episode = generate_episode(seed=seed, turns=turns, prompt="compact", open_env=_demo_sandbox, fact="port")
-    model = engine.model
     print(f"loading {model} ...", flush=True)
-    engine = load_engine(engine)
+    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step, linear=linear)
     stream = build_stream(episode, engine.tokenizer)
     for spec in grid:  # the budget suits each policy (its block) and holds the protected prompt
         if check_run(engine, spec.cache_config(), stream.prompt_length):  # the demo has no --protect
@@ -72,7 +77,7 @@ def run_demo(
         f"K={budget}, r={grid[-1].buffer}, {framework_text(records)}"
     )
     _print_table(records, title, engine.n_layers)
-    plot_demo(records, Path(out) / PICTURE, title)
+    plot_demo([r for r in records if not r.get("history")], Path(out) / PICTURE, title)
     print(
         f"\nwrote {out}/fidelity.json, {out}/fidelity.md and {out}/{PICTURE} "
         f"in {time.perf_counter() - t0:.0f} s",
@@ -119,7 +124,7 @@ def _print_table(records: list[dict], title: str, n_layers: int) -> None:
         full = r["policy"] == "full"
         row = [
             r["policy"].split("+")[0],  # the demo varies policy and mode only; the title names the rest
-            "-" if full else r["mode"],
+            "masked M=4" if DEMO_HISTORY in r["policy"] else "-" if full else r["mode"],  # full, masked
             "dense" if r["budget"] is None else str(r["budget"]),
             f"{r['kl']:.4f}",
             f"{r['top1']:.1%}",

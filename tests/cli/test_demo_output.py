@@ -8,7 +8,6 @@ import json
 import pytest
 
 from kvagent.bench.demo_series import memory_band
-from kvagent.cli.settings import EngineOptions
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +16,7 @@ def demo(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("demo")
     records = run_demo(
-        EngineOptions(model="tiny-random-qwen3"),
+        model="tiny-random-qwen3",
         out=str(out),
         budget=512,
         turns=10,
@@ -30,6 +29,9 @@ def demo(tmp_path_factory):
 def test_the_memory_series_grows_for_full_and_stays_within_k_plus_r_for_every_evicting_run(demo):
     out, _ = demo
     records = json.loads((out / "fidelity.json").read_text())["records"]
+    assert [(r["policy"], r["mode"], r["history"]) for r in records if r.get("history")] == [
+        ("full", "persistent", "mask-observations=4")
+    ]  # the observation-masking row: the full cache, older tool outputs forgotten
     assert {(r["policy"], r["mode"]) for r in records if r["policy"] != "full"} == {
         ("random", "persistent"), ("random", "reprefill"), ("nexus", "persistent"), ("nexus", "reprefill"),
     }  # fmt: skip
@@ -37,7 +39,9 @@ def test_the_memory_series_grows_for_full_and_stays_within_k_plus_r_for_every_ev
         tokens = [p[0] for p in r["memory"]]
         held = [p[1] for p in r["memory"]]
         assert tokens == sorted(tokens) and tokens[-1] == r["tokens"], r["policy"]  # the whole episode
-        if r["policy"] == "full":
+        if r.get("history"):  # dense but for the forgotten tool outputs
+            assert held[-1] < tokens[-1] and all(h <= t for h, t in zip(held, tokens, strict=True))
+        elif r["policy"] == "full":
             assert held == sorted(held) and held == tokens  # dense: every token fed is held
             assert memory_band(r) is None
         else:
@@ -54,7 +58,7 @@ def test_the_memory_series_grows_for_full_and_stays_within_k_plus_r_for_every_ev
             assert max(held) > low, (r["policy"], r["mode"], max(held), low)  # it filled into its band
             assert r["rounds"] > 0
         assert len(r["turn_kl"]) == len(r["turn_top1"]) == len(r["turn_end"]) == r["turns"]
-        assert (max(r["turn_kl"]) == 0.0) == (r["policy"] == "full")
+        assert (max(r["turn_kl"]) == 0.0) == (r["policy"] == "full" and not r.get("history"))
     assert (out / "demo.png").stat().st_size > 10_000
 
 
@@ -68,6 +72,7 @@ def test_the_probe_column_is_shown_only_when_full_retrieves_the_fact(demo, capsy
     _print_table(records, "tiny on gen", 2)
     plain = capsys.readouterr().out
     assert "fact retrieved" not in plain and "log p(fact)" not in plain and "random" in plain
+    assert "masked M=4" in plain  # the observation-masking row
     retrieved = [{**r, "probe_retrieved": True} if r["policy"] == "full" else r for r in records]
     _print_table(retrieved, "tiny on gen", 2)
     shown = capsys.readouterr().out
