@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from kvagent.cli.settings import EngineOptions
+
 DEMO_POLICIES = ("random", "snapkv", "nexus")
 # One more row: observation masking (the full cache, the newest M tool outputs whole, older ones
 # forgotten), persistent; M=4 so that 8 of the episode's 12 tool outputs leave (the paper's 10: 2).
@@ -16,18 +18,15 @@ PICTURE = "demo.png"
 
 
 def run_demo(
-    model: str = "smollm2",
+    engine: EngineOptions,
     out: str = "demo-out",
     budget: int = 512,
     turns: int = 12,
     seed: int = 0,
     progress: bool = True,
     policies=DEMO_POLICIES,
-    device: str = "auto",
-    dtype: str = "auto",
-    decode_step: str = "auto",
-    linear: str = "auto",
 ) -> list[dict]:
+    """`engine`: the engine options (model, device, ...)."""
     from kvagent.bench.demo_plot import plot_demo, probe_shown
     from kvagent.bench.demo_series import series
     from kvagent.bench.fidelity import make_grid, run_fidelity
@@ -38,9 +37,9 @@ def run_demo(
     from kvagent.cli.ui import Bars
     from kvagent.errors import ConfigError
     from kvagent.runtime.budget import check_run, roomy_budget
+    from kvagent.runtime.config import budget_value
 
-    if budget < 1:
-        raise ConfigError(f"budget: must be >= 1 token, got {budget}; e.g. --budget 512")
+    budget_value(budget)  # the one budget check, before the model loads
     if turns < MIN_TURNS:
         raise ConfigError(
             f"turns: {turns} is too short for the generated episode; use --turns {MIN_TURNS} or more"
@@ -54,8 +53,9 @@ def run_demo(
         flush=True,
     )
     episode = generate_episode(seed=seed, turns=turns, prompt="compact", open_env=_demo_sandbox, fact="port")
+    model = engine.model
     print(f"loading {model} ...", flush=True)
-    engine = load_engine(model, device=device, dtype=dtype, decode_step=decode_step, linear=linear)
+    engine = load_engine(engine)
     stream = build_stream(episode, engine.tokenizer)
     for spec in grid:  # the budget suits each policy (its block) and holds the protected prompt
         if check_run(engine, spec.cache_config(), stream.prompt_length):  # the demo has no --protect

@@ -5,9 +5,15 @@ pytestmark = pytest.mark.slow
 
 def test_demo_on_smollm2_reduced(tmp_path, capsys):
     from kvagent.cli.demo import run_demo
+    from kvagent.cli.settings import EngineOptions
 
     records = run_demo(
-        model="smollm2", out=str(tmp_path), budget=1536, turns=10, progress=False, policies=("random",)
+        EngineOptions(model="smollm2"),
+        out=str(tmp_path),
+        budget=1536,
+        turns=10,
+        progress=False,
+        policies=("random",),
     )
     out = capsys.readouterr().out
     assert "Fidelity vs the full cache" in out and "random" in out

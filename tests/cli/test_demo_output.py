@@ -8,6 +8,7 @@ import json
 import pytest
 
 from kvagent.bench.demo_series import memory_band
+from kvagent.cli.settings import EngineOptions
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +17,7 @@ def demo(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("demo")
     records = run_demo(
-        model="tiny-random-qwen3",
+        EngineOptions(model="tiny-random-qwen3"),
         out=str(out),
         budget=512,
         turns=10,
