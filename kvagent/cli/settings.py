@@ -118,8 +118,10 @@ AGENT: dict[str, Form] = {  # AgentConfig field -> its option
                         "code hard-codes (with --scaffold r2egym; docs/deepswe.md).", flag="--r2egym"),
     "scaffold": Form("scaffold", str, "Protocol: kvagent, or r2egym (R2E-Gym's evaluation; docs/deepswe.md)."),
     "history": Form("history", str | None, "keep-thinking; drop-thinking (past replies' <think> leave the cache); "
-                    "r2egym (each past reply as R2E-Gym re-renders it: its call). Default: the scaffold's "
-                    "(r2egym under --scaffold r2egym)."),
+                    "r2egym (each past reply as R2E-Gym re-renders it: its call); any of them +mask-observations[=M] "
+                    "(or that alone): only the newest M tool outputs stay whole (M=10, The Complexity Trap), older "
+                    "ones forgotten (persistent) or re-sent as one placeholder line (reprefill). Default: the "
+                    "scaffold's (r2egym under --scaffold r2egym)."),
     "patch_rule": Form("patch_rule", str | None, "Graded patch: full (the whole diff) or r2egym (R2E-Gym's: .py "
                        "files edited with str_replace). Default: the scaffold's; both are recorded."),
 }  # fmt: skip
