@@ -1,5 +1,6 @@
-"""Parsing of command-line values shared by every command: comma lists, a sweep's budgets (each by
-`runtime.config.budget_value`, the one budget check) and policy arguments."""
+"""Parsing of command-line values shared by every command (their declarations: cli/settings.py):
+comma lists, a sweep's budgets (each by `runtime.config.budget_value`, the one budget check) and
+seeds, policy arguments, and a one-run command's cache options into its CacheConfig."""
 
 from __future__ import annotations
 
@@ -74,3 +75,37 @@ def _taker(key: str, raw: str, policies: Sequence[str]) -> str:
             if "has no option" not in str(e):
                 return policy  # it takes the key; only the value is off
     return policies[0]
+
+
+def cache_config(
+    *, policy: str, budget: str | None, policy_arg: Sequence[str] | None = None, **settings: Any
+) -> Any:
+    """The CacheConfig of a one-run command (solve, chat, serve) from its cache options as typed
+    (`settings`: the other CacheConfig fields; `cli.settings.CacheOptions.config` passes them all); a
+    policy without a budget (or a budget without a policy) and unknown policy options fail here,
+    before the model loads."""
+    from kvagent.runtime.config import CacheConfig, budget_problem, budget_value, build_policy
+
+    k = budget_value(budget)
+    args = parse_policy_args(policy_arg, [policy]).get(policy, {})
+    config = CacheConfig(policy=policy, budget=k, policy_args=args, **settings)
+    problem = budget_problem(policy, k, _option)
+    if problem:
+        raise ConfigError(problem)
+    if args:
+        build_policy(config)  # unknown options and bad values, before the model loads
+    return config
+
+
+def _option(name: str, value: Any = None) -> str:
+    """A cache setting as the command line takes it: `--budget 1024`."""
+    flag = "--" + name.replace("_", "-")
+    return flag if value is None else f"{flag} {value}"
+
+
+def parse_seeds(text: str) -> list[int]:
+    """A sweep's seeds: `0,1,2`."""
+    try:
+        return [int(x) for x in split_list(text, "seeds")]
+    except ValueError:
+        raise ConfigError(f"seeds: {text!r} must be comma-separated integers") from None

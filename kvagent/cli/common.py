@@ -1,19 +1,17 @@
-"""What every command assembles the same way: the engine, a cache config and an agent config from the
-shared options, and the output directories, checked before anything slow starts."""
+"""What every command assembles the same way: the engine from its typed options and the output
+directories, checked before anything slow starts. (The options' declarations are settings.py's, their
+parsing kvagent/options.py's.)"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kvagent.cli.settings import EngineOptions
 from kvagent.errors import ConfigError
-from kvagent.options import parse_policy_args, split_list
-
-if TYPE_CHECKING:  # settings.py builds its configs with this module's helpers
-    from kvagent.cli.settings import EngineOptions
 
 
 def _dir_problem(target: Path) -> str | None:
@@ -124,45 +122,3 @@ def load_engine(engine: EngineOptions, max_batch: int = 1) -> Any:
         decode_step=e.decode_step,
         linear=e.linear,
     )
-
-
-def cache_config(
-    *, policy: str, budget: str | None, policy_arg: Sequence[str] | None = None, **settings: Any
-) -> Any:
-    """The CacheConfig of a one-run command (solve, chat, serve) from its cache options (`settings`:
-    the other CacheConfig fields; `settings.CacheOptions.config` passes them all); a policy without a
-    budget (or a budget without a policy) and unknown policy options fail here, before the model loads."""
-    from kvagent.runtime.config import CacheConfig, budget_problem, budget_value, build_policy
-
-    k = budget_value(budget)
-    args = parse_policy_args(policy_arg, [policy]).get(policy, {})
-    config = CacheConfig(policy=policy, budget=k, policy_args=args, **settings)
-    problem = budget_problem(policy, k, _option)
-    if problem:
-        raise ConfigError(problem)
-    if args:
-        build_policy(config)  # unknown options and bad values, before the model loads
-    return config
-
-
-def _option(name: str, value: Any = None) -> str:
-    """A cache setting as the command line takes it: `--budget 1024`."""
-    flag = "--" + name.replace("_", "-")
-    return flag if value is None else f"{flag} {value}"
-
-
-def agent_config(**options: Any) -> Any:
-    """The AgentConfig of the agent options; the sampling settings (temperature ...) are checked now,
-    not at the first reply."""
-    from kvagent.agent.config import AgentConfig
-
-    config = AgentConfig(**options)
-    config.sampling()
-    return config
-
-
-def parse_seeds(text: str) -> list[int]:
-    try:
-        return [int(x) for x in split_list(text, "seeds")]
-    except ValueError:
-        raise ConfigError(f"seeds: {text!r} must be comma-separated integers") from None

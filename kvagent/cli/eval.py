@@ -16,14 +16,14 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from kvagent.cli.common import check_engine, check_out_dir, load_engine, parse_seeds, sandbox_workdir
+from kvagent.cli.common import check_engine, check_out_dir, load_engine, sandbox_workdir
 from kvagent.cli.settings import AgentOptions, CacheOptions, EngineOptions
 from kvagent.errors import ConfigError, KvagentError
 from kvagent.evals.datasets import Instance
 from kvagent.evals.runner import EvalRun, EvalRunner, load_records, plan_runs
 from kvagent.evals.stats import is_infra_error
 from kvagent.fileio import atomic_write_text
-from kvagent.options import parse_budgets, parse_policy_args, split_list
+from kvagent.options import parse_budgets, parse_policy_args, parse_seeds, split_list
 
 GRID_FILE = "grid.yaml"
 

@@ -118,7 +118,7 @@ Instances = Annotated[
 
 def cache_args(values: Mapping[str, Any]) -> dict[str, Any]:
     """Of option values by name (a test's, a script's), those named as a run's CacheConfig fields,
-    as `common.cache_config` takes them. Commands get theirs typed (`settings.CacheOptions`)."""
+    as `options.cache_config` takes them. Commands get theirs typed (`settings.CacheOptions`)."""
     from kvagent.runspec import IDENTITY
 
     return {k: v for k, v in values.items() if k in IDENTITY}

@@ -176,7 +176,7 @@ class CacheOptions:
 
     def config(self) -> Any:
         """The CacheConfig of a one-run command (solve, chat, serve), checked before the model loads."""
-        from kvagent.cli.common import cache_config
+        from kvagent.options import cache_config
 
         names = [f.one.name for f in CACHE.values()]
         return cache_config(**{n: getattr(self, n) for n in names})
@@ -228,8 +228,6 @@ class AgentOptions:
 
     def config(self) -> Any:
         """The AgentConfig, its sampling settings checked now, not at the first reply."""
-        from kvagent.cli.common import agent_config
-
         return agent_config(**self.arguments())
 
     def given(self) -> dict[str, Any]:
@@ -276,9 +274,17 @@ def agent_config_of(agent: AgentOptions | Mapping[str, Any]) -> Any:
     """The AgentConfig of a command's agent options (typed, or AgentConfig's arguments from a test)."""
     if isinstance(agent, AgentOptions):
         return agent.config()
-    from kvagent.cli.common import agent_config
-
     return agent_config(**agent)
+
+
+def agent_config(**options: Any) -> Any:
+    """The AgentConfig of the agent options; the sampling settings (temperature ...) are checked now,
+    not at the first reply."""
+    from kvagent.agent.config import AgentConfig
+
+    config = AgentConfig(**options)
+    config.sampling()
+    return config
 
 
 def cache_options(
