@@ -282,8 +282,7 @@ def step_rows(engine, policy: str, plan: dict, modes: dict, clock, report: dict,
                 save()
         engine.step_runner.enabled = True
     finally:
-        del sessions
-        free(engine)
+        engine.step_runner.enabled = True
 
 
 def free(engine) -> None:
@@ -305,41 +304,47 @@ def profile(engine, plan: dict, report: dict, static_mode: str) -> None:
     engine.set_decode_step(static_mode)
     decoder = engine.step_runner.decoder  # what the step runs (a CPU's packed twin, else the plain one)
     for n in (min(plan["ns"]), max(plan["ns"])):
-        sessions = [engine.session(cfg) for _ in range(n)]  # their block is prepared (captured) here
+        report["profile"] += profile_n(engine, cfg, plan, n, decoder, acts, static_mode)
+        free(engine)  # the sessions, their block and its graphs went with profile_n's frame
+
+
+def profile_n(engine, cfg, plan: dict, n: int, decoder, acts, static_mode: str) -> list[dict]:
+    sessions = [engine.session(cfg) for _ in range(n)]  # their block is prepared (captured) here
+    fill(engine, sessions, plan)
+    runner = engine.step_runner
+    rows = []
+    for captured in (True, False):
+        batches = [b for pool in engine.pools.values() for blk in pool.blocks for b in blk.batches.values()]
+        graphs = [(b, b.graph) for b in batches]
+        attend = decoder.attend
+        if not captured:
+            for b in batches:
+                b.graph = None
+
+            def ranged(*args, _attend=attend):
+                with torch.profiler.record_function("kvagent.attention"):
+                    return _attend(*args)
+
+            decoder.attend = ranged
         try:
-            fill(engine, sessions, plan)
-            for captured in (True, False):
-                runner = engine.step_runner
-                batches = [
-                    b for pool in engine.pools.values() for blk in pool.blocks for b in blk.batches.values()
-                ]
-                graphs = [(b, b.graph) for b in batches]
-                attend = decoder.attend
-                if not captured:
-                    for b in batches:
-                        b.graph = None
-
-                    def ranged(*args, _attend=attend):
-                        with torch.profiler.record_function("kvagent.attention"):
-                            return _attend(*args)
-
-                    decoder.attend = ranged
-                try:
-                    together(engine, sessions, plan["warm"])
-                    steps = 4
-                    every_thread = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
-                    with torch.profiler.profile(activities=acts, experimental_config=every_thread) as prof:
-                        together(engine, sessions, steps)
-                finally:
-                    decoder.attend = attend
-                    for b, g in graphs:
-                        b.graph = g
-                report["profile"].append(
-                    profile_row(prof, n, steps, captured and static_mode == "graph", runner)
-                )
+            together(engine, sessions, plan["warm"])
+            steps = 4
+            with torch.profiler.profile(activities=acts, experimental_config=every_thread()) as prof:
+                together(engine, sessions, steps)
         finally:
-            del sessions
-            free(engine)
+            decoder.attend = attend
+            for b, g in graphs:
+                b.graph = g
+        rows.append(profile_row(prof, n, steps, captured and static_mode == "graph", runner))
+    return rows
+
+
+def every_thread():
+    """The forwards run on the scheduler's thread, which a default profile does not see."""
+    try:
+        return torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    except TypeError:  # a torch without the option: the calling threads only (the report says so)
+        return None
 
 
 def profile_row(prof, n: int, steps: int, captured: bool, runner) -> dict:
@@ -556,7 +561,7 @@ def main(argv=None) -> int:
             step_rows(engine, policy, plan, modes, clock, report, save)
         except Exception:
             report["skipped"].append({"unit": policy, "error": traceback.format_exc()})
-            free(engine)
+        free(engine)  # its frame is gone: the policy's sessions, blocks and graphs with it
         save()
     if clock.allows("profile", 1.0):
         try:

@@ -84,19 +84,14 @@ def check_engine(engine: EngineOptions) -> None:
     before the model is read."""
     import torch
 
-    from kvagent.runtime import linear as packing
-    from kvagent.runtime.engine import resolve_device, resolve_dtype
-    from kvagent.runtime.step import resolve_mode
+    from kvagent.runtime import execution
 
     device = engine.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"device: {device} asked for, but CUDA is not available here; use --device cpu or auto"
         )
-    dev = resolve_device(device)
-    packing.resolve(
-        engine.linear, dev, resolve_dtype(engine.dtype, dev), resolve_mode(engine.decode_step, dev)
-    )
+    execution.resolve(device, engine.dtype, engine.decode_step, engine.linear)
 
 
 def load_engine(engine: EngineOptions, max_batch: int = 1) -> Any:
@@ -107,7 +102,7 @@ def load_engine(engine: EngineOptions, max_batch: int = 1) -> Any:
     import torch
 
     from kvagent.runtime import Engine
-    from kvagent.runtime.engine import resolve_device
+    from kvagent.runtime.execution import resolve_device
 
     check_engine(engine)
     if resolve_device(engine.device).type == "cpu":

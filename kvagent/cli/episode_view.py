@@ -117,6 +117,10 @@ def summary(path: Path, data: dict[str, Any]) -> dict[str, str]:
         "elapsed": f"{data.get('elapsed_s') or 0:.1f}s",
         "patch": f"+{added} -{removed} lines" if patch else "(empty)",
     }
+    last = next((t["cache"] for t in reversed(episode_turns(data)) if t.get("cache")), None)
+    if last and last.get("forwards"):  # how the model ran: the static decode step, or eager and why
+        counts = sorted(last["forwards"].items(), key=lambda kv: -kv[1])
+        out["forwards"] = ", ".join(f"{route} {n:,}" for route, n in counts)
     if data.get("error"):
         out["error"] = str(data["error"])
     return out

@@ -134,7 +134,10 @@ ENGINE: dict[str, Form] = {  # Engine.load argument -> its option
     "dtype": Form("dtype", str, "auto | float32 | bfloat16 | float16."),
     "decode_step": Form("decode_step", str, "How decode tokens run: auto (graph on CUDA, static on a CPU) | "
                         "eager (the plain forward) | static (fixed buffers, op by op) | compiled "
-                        "(torch.compile; pays only after ~3k decode steps) | graph (CUDA graphs; CUDA only)."),
+                        "(torch.compile; pays only after ~3k decode steps) | graph (CUDA graphs; CUDA only). "
+                        "Only decode tokens of evicting caches with a token budget take the static step: "
+                        "dense caches (--policy full), fractional budgets, adaptive heads and prefill "
+                        "chunks always run eager (serve's /metrics counts each eager forward's reason)."),
     "linear": Form("linear", str, "CPU matmuls: auto (oneDNN's prepacked weights for float32 on a CPU, not "
                    "under --decode-step compiled) | packed (float32 or bfloat16; holds the weights twice) | "
                    "plain (torch's F.linear)."),
@@ -253,10 +256,9 @@ class EngineOptions:
         import torch
 
         from kvagent.runtime import linear
-        from kvagent.runtime.step import MODES, resolve_mode
+        from kvagent.runtime.step import check_mode
 
-        if self.decode_step not in MODES:  # the device only matters for a known mode
-            resolve_mode(self.decode_step, torch.device("cpu"))
+        check_mode(self.decode_step)  # whether a known mode runs here is check_engine's question
         if self.linear not in linear.MODES:
             linear.resolve(self.linear, torch.device("cpu"), torch.float32)
 

@@ -12,56 +12,17 @@ from collections import OrderedDict
 import torch
 
 from kvagent.errors import ConfigError
-from kvagent.runtime import attention, models
+from kvagent.runtime import attention, execution, models
 from kvagent.runtime import linear as packing
 from kvagent.runtime.config import CacheConfig
 from kvagent.runtime.decoder import decoder_for
+from kvagent.runtime.execution import Execution
 from kvagent.runtime.forward import Chunk, run_forward
 from kvagent.runtime.plan import CachePlan
 from kvagent.runtime.pool import Slot, SlotPool
 from kvagent.runtime.scheduler import PREFILL_BUDGET, Scheduler
 from kvagent.runtime.session import Session
-from kvagent.runtime.step import StepRunner, resolve_mode
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    if isinstance(device, torch.device):
-        return device
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"device: got {device!r}; use auto, cpu or cuda[:N]")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: CUDA requested but not available; use device='cpu' or 'auto'")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ConfigError(
-            f"device: {device} but this machine has {torch.cuda.device_count()} CUDA device(s); "
-            f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}"
-        )
-    return dev
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if dtype not in table:
-        raise ConfigError(f"dtype: got {dtype!r}; choose auto, float32, bfloat16 or float16")
-    return table[dtype]
-
+from kvagent.runtime.step import StepRunner
 
 PLANS_KEPT = 64  # the prepared plans an engine keeps (`Engine.plan`)
 
@@ -73,14 +34,11 @@ class Engine:
         self,
         model,
         tokenizer,
-        device: torch.device,
-        dtype: torch.dtype,
+        execution: Execution,
         backend: str,
         name: str,
         max_batch: int = 1,
-        decode_step: str = "auto",
         prefill_budget: int | None = PREFILL_BUDGET,
-        linear: str = "auto",
     ):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ConfigError(f"max_batch: expected an int >= 1 (1 = no batching), got {max_batch!r}")
@@ -93,8 +51,9 @@ class Engine:
             )
         self.model = model
         self.tokenizer = tokenizer
-        self.device = device
-        self.dtype = dtype
+        self.execution = execution  # device, dtype, decode mode, linear: resolved once (execution.py)
+        self.device = execution.device
+        self.dtype = execution.dtype
         self.backend = backend
         self.name = name
         cfg = model.config
@@ -114,13 +73,14 @@ class Engine:
         self._pools_lock = threading.Lock()
         self._plans: OrderedDict[str, CachePlan] = OrderedDict()  # `plan`'s, the newest last
         self._plans_lock = threading.Lock()
-        # The static decoder fuses q/k/v and gate/up, so it is built before the weights are packed.
-        decoder = decoder_for(model, self.scaling)
+        # The static decoder (built only where a static mode runs) fuses q/k/v and gate/up, so it is
+        # built before the weights are packed.
+        decoder = decoder_for(model, self.scaling) if execution.decode_step != "eager" else None
         # CPU matmuls over oneDNN-packed weights (linear.py): the modules' and the static step's.
-        self.packs = packing.resolve(linear, device, dtype, resolve_mode(decode_step, device))
+        self.packs = execution.packs
         packing.install(model, self.packs)
         # The static decode step (step.py): its mode, and None where the architecture has none.
-        self.step_runner = StepRunner(self, decode_step, decoder=decoder)
+        self.step_runner = StepRunner(self, decoder=decoder)
 
     @classmethod
     def load(
@@ -144,8 +104,8 @@ class Engine:
         from transformers import AutoTokenizer, PreTrainedModel
 
         attention.register()
-        dev = resolve_device(device)
-        dt = resolve_dtype(dtype, dev)
+        plan = execution.resolve(device, dtype, decode_step, linear)
+        dev, dt = plan.device, plan.dtype
         if isinstance(tokenizer, str):
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         if isinstance(model, PreTrainedModel):
@@ -163,14 +123,11 @@ class Engine:
         return cls(
             m,
             tok,
-            dev,
-            dt,
+            plan,
             attention.resolve_backend(attn, dev),
             name,
             max_batch=max_batch,
-            decode_step=decode_step,
             prefill_budget=prefill_budget,
-            linear=linear,
         )
 
     def session(self, config: CacheConfig | None = None, **kwargs) -> Session:
@@ -247,7 +204,8 @@ class Engine:
         its next forward on; the weights stay as they are (benchmarks compare modes on one set of
         sessions). The blocks in use are prepared for the new mode now (captures, compiles), and
         lose the old mode's batches and graphs."""
-        runner = StepRunner(self, mode, decoder=self.step_runner.plain)
+        self.execution = self.execution.with_decode_step(mode)
+        runner = StepRunner(self, decoder=self.step_runner.plain)
         with self._pools_lock:
             pools = list(self.pools.values())
         for pool in pools:

@@ -57,9 +57,15 @@ log = logging.getLogger("kvagent")
 _RUNNERS = itertools.count()
 
 
-def resolve_mode(mode: str, device: torch.device) -> str:
+def check_mode(mode: str) -> None:
+    """A name of a mode (whether it runs on this machine is `resolve_mode`'s question)."""
     if mode not in MODES:
         raise ConfigError(f"decode_step: got {mode!r}; choose {', '.join(MODES)}")
+
+
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """The mode `mode` runs as on `device`; called by execution.resolve alone."""
+    check_mode(mode)
     if mode == "auto":
         return "graph" if device.type == "cuda" else "static"
     if mode == "graph" and device.type != "cuda":
@@ -142,12 +148,17 @@ class StaticBatch:
 class StepRunner:
     """One per engine (and decode mode): plans each forward, prepares each block's static batches."""
 
-    def __init__(self, engine, mode: str, decoder: Decoder | None = None) -> None:
+    def __init__(self, engine, decoder: Decoder | None = None) -> None:
         self.device = engine.device
-        self.mode = resolve_mode(mode, engine.device)
+        self.mode = engine.execution.decode_step  # resolved once (execution.py)
         self.key = next(_RUNNERS)  # a block's batches are per runner (set_decode_step makes another)
-        # Built once per engine (it fuses the weights); kept, unused, by an eager runner.
-        self.plain = decoder if decoder is not None else decoder_for(engine.model, engine.scaling)
+        # Built once per engine where a static mode runs (it fuses the weights); kept, unused, by an
+        # eager runner that replaced a static one.
+        self.plain = decoder
+        if self.plain is None and self.mode != "eager":
+            self.plain = decoder_for(engine.model, engine.scaling)
+            if self.plain is not None:
+                self.plain.set_attention(engine.execution.attention, engine.device)
         self.enabled = self.mode != "eager" and self.plain is not None
         # What the step runs: over the engine's packed weights where it packs them (linear.py),
         # except compiled, which cannot trace a packed weight.

@@ -100,7 +100,7 @@ def test_a_truncated_gguf_with_a_valid_header_is_one_error(tmp_path):
 
 
 def test_an_unknown_device_is_one_error():
-    from kvagent.runtime.engine import resolve_device
+    from kvagent.runtime.execution import resolve_device
 
     with pytest.raises(ConfigError, match=r"^device: got 'tpu'; use auto, cpu or cuda"):
         resolve_device("tpu")

@@ -142,3 +142,21 @@ def test_cli_inspect_and_its_errors(trajectory, tmp_path):
     empty.mkdir()
     nothing = runner.invoke(app, ["inspect", str(empty)])
     assert nothing.exit_code == 2 and "holds no *.traj.json" in nothing.output
+
+
+def test_the_header_says_how_the_forwards_ran(tmp_path):
+    """A session's stats count its forwards by route ("static", or why eager: runtime/step.py); the
+    header shows the last turn's counts, the most first."""
+    from kvagent.cli.episode_view import summary
+
+    turns = [
+        {"step": 1, "reply": "a", "cache": {"rounds": 0, "forwards": {"prefill": 2, "static": 10}}},
+        {
+            "step": 2,
+            "reply": "b",
+            "cache": {"rounds": 1, "forwards": {"prefill": 3, "static": 40, "outgrown": 1}},
+        },
+    ]
+    out = summary(tmp_path / "x.traj.json", {"turns": turns, "meta": {}})
+    assert out["forwards"] == "static 40, prefill 3, outgrown 1"
+    assert "forwards" not in summary(tmp_path / "y.traj.json", {"turns": turns[:0], "meta": {}})

@@ -86,4 +86,4 @@ def test_prefill_budget_must_be_a_positive_int_or_none(qwen3_engine, bad):
 
     e = qwen3_engine
     with pytest.raises(ConfigError, match="prefill_budget: expected an int >= 1"):
-        Engine(e.model, e.tokenizer, e.device, e.dtype, e.backend, e.name, max_batch=2, prefill_budget=bad)
+        Engine(e.model, e.tokenizer, e.execution, e.backend, e.name, max_batch=2, prefill_budget=bad)
