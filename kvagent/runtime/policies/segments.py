@@ -9,6 +9,8 @@ scored (the papers' recent buffer at segment granularity), and every other segme
 mean (or max) of `scorer`'s scores over its candidate entries. Within a segment newer entries rank
 first, so under the runtime's top-K the segments that fit are kept whole and at most one, the last
 that fits, keeps part of itself (its newest entries). With no segment marked it is `scorer`.
+Marks are logical positions: a reprefill session's forget or rewind (which shift or cut its
+history) does not move them, and a saved session (persist.py) does not carry them yet.
 """
 
 from __future__ import annotations

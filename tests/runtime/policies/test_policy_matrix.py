@@ -28,6 +28,7 @@ CASES = {
     "triattention": {"rope_theta": 10_000.0, "recent": 16},  # the tiny models' RoPE base
     "morphkv": {},
     "vase": {},
+    "segments": {},  # no marks here: its scorer's (snapkv's); marked segments: test_segments.py
 }
 
 
