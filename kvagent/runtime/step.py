@@ -2,12 +2,12 @@
 runs (eager, compiled or a captured CUDA graph).
 
 A forward goes the static way when every chunk is one decode token of a session whose every layer
-lives in its slot (pool.py) with room for the token, all in one pool block: the rows are the first
-B slots of that block, B the smallest batch size (1, 2, 4, ..., the block's size) that covers the
-highest slot stepping, so one function (compiled or captured) per (block, B) serves every step and
-every key exists before the first step (`prepare`, called when a session takes its slot). Live
-sessions sit at the front of their block (`Evictor.settle`), so the rows are mostly live; rows whose
-slot has no token this step are empty rows (decoder.py). Everything else runs the eager forward
+lives in its slot (pool.py) with room for the token, all in one pool block: the rows are B
+consecutive slots of that block, B the smallest batch size (1, 2, 4, ..., the block's size) whose
+window covers the slots stepping (`rows`: from slot 0 for captured graphs, so a block has one graph
+per B, all captured before the first step by `prepare`, called when a session takes its slot; from
+the B-aligned slot otherwise). Live sessions sit at the front of their block (`Evictor.settle`), so
+the rows are mostly live; rows whose slot has no token this step are empty rows (decoder.py). Everything else runs the eager forward
 (forward.py), which writes the same slabs, and says why (`EAGER_REASONS`, counted per reason).
 
 Per step the host fills one pinned staging buffer (ids, positions, ring indices, the rows' order
@@ -90,9 +90,9 @@ class StaticBatch:
     # staging rows: ids, pos, wpos, ridx, order, then one row of entry counts per layer
     IDS, POS, WPOS, RIDX, ORDER, LENS = range(6)
 
-    def __init__(self, fn, device: torch.device, block, size: int, caps: tuple[int, ...]) -> None:
+    def __init__(self, fn, device: torch.device, block, first: int, size: int, caps: tuple[int, ...]) -> None:
         n_layers = len(caps)
-        self.size = size
+        self.first, self.size = first, size
         self.window = block.ring.shape[3] - 1
         pin = device.type == "cuda"
         self.host = torch.empty((self.LENS + n_layers, size), dtype=torch.long, pin_memory=pin)
@@ -109,10 +109,10 @@ class StaticBatch:
             self.inputs[self.WPOS],
             self.inputs[self.LENS :],
             self.inputs[self.RIDX],
-            [k[:size] for k in block.keys],
-            [v[:size] for v in block.values],
-            [p[:size] for p in block.positions],
-            block.ring[:size],
+            [k[first : first + size] for k in block.keys],
+            [v[first : first + size] for v in block.values],
+            [p[first : first + size] for p in block.positions],
+            block.ring[first : first + size],
         )
         self.fn = fn
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -120,8 +120,8 @@ class StaticBatch:
         self.copied = torch.cuda.Event() if pin else None  # the last copy out of `host` is done
 
     def fill(self, rows: dict[int, tuple[int, int, list[int], int]], order: list[int]) -> None:
-        """rows: slot index -> (token id, position, per-layer entry count, ring index); order: the
-        slot of each chunk, in the forward's order (the logits rows it takes)."""
+        """rows: row (slot index - first) -> (token id, position, per-layer entry count, ring index);
+        order: the row of each chunk, in the forward's order (the logits rows it takes)."""
         if self.copied is not None:
             self.copied.synchronize()  # the previous step's copy may still read the staging rows
         h = self.host.numpy()
@@ -194,7 +194,7 @@ class StepRunner:
         if first is None or first.block.ring is None:
             return None, "private"
         pool, block = first.pool, first.block
-        top = 0
+        top, low = 0, pool.block_slots
         for c in chunks:
             slot = c.cache.slot
             if slot is None:
@@ -203,9 +203,21 @@ class StepRunner:
                 return None, "mixed_block"
             if not _fits(c.cache, slot, pool.capacities):
                 return None, "outgrown"
-            top = max(top, slot.index + 1)
-        size = next(b for b in batch_sizes(pool.block_slots) if b >= top)
-        return (pool, block, size), None
+            top, low = max(top, slot.index + 1), min(low, slot.index)
+        first, size = self.rows(low, top, pool.block_slots)
+        return (pool, block, first, size), None
+
+    def rows(self, low: int, top: int, block_slots: int) -> tuple[int, int]:
+        """(first slot, B) covering slots low..top-1. Captured graphs start at slot 0, so a block's
+        graphs are one per B and all made up front (on a GPU an empty row costs next to nothing);
+        the other modes start at the B-aligned slot, so a session stepping alone computes with B = 1
+        in whichever slot it holds (its numbers do not depend on where it lives: a session restored
+        into another slot continues bit for bit; on a CPU an empty row costs its compute)."""
+        for b in batch_sizes(block_slots):
+            first = 0 if self.mode == "graph" else min(low // b * b, block_slots - b)
+            if first + b >= top:
+                return first, b
+        return 0, block_slots
 
     def count_eager(self, reason: str, chunks) -> None:
         self.eager[reason] += 1
@@ -213,29 +225,34 @@ class StepRunner:
             c.route = reason
 
     # ----------------------------------------------------------------- the step
-    def batch(self, pool, block, size: int) -> StaticBatch:
-        batch = block.batches.get((self.key, size))
-        if batch is None:  # a block prepared by another runner, or a size not yet made
+    def batch(self, pool, block, first: int, size: int) -> StaticBatch:
+        batch = block.batches.get((self.key, first, size))
+        if batch is None:  # a block prepared by another runner, or a first slot not made up front
             self.prepare(pool, block)
-            batch = block.batches[(self.key, size)]
+            with self._lock:  # buffers and views only: no capture or compile (those start at 0)
+                batch = block.batches.get((self.key, first, size))
+                if batch is None:
+                    batch = StaticBatch(self.fn, self.device, block, first, size, pool.capacities)
+                    block.batches[(self.key, first, size)] = batch
         return batch
 
     def run(self, chunks, plan) -> None:
-        pool, block, size = plan
-        batch = self.batch(pool, block, size)
+        pool, block, first, size = plan
+        batch = self.batch(pool, block, first, size)
         rows = {}
         for c in chunks:
             cache = c.cache
             cache.current_positions = c.positions
-            rows[cache.slot.index] = (c.ids[0], c.first, [layer.n for layer in cache.layers], cache.ring_head)
-        order = [c.cache.slot.index for c in chunks]
+            row = cache.slot.index - first
+            rows[row] = (c.ids[0], c.first, [layer.n for layer in cache.layers], cache.ring_head)
+        order = [c.cache.slot.index - first for c in chunks]
         batch.fill(rows, order)
         logits = batch.run()
         picked = logits.index_select(0, batch.order(len(chunks)))  # a copy: the buffer is reused
         positions = batch.inputs[StaticBatch.POS]
         for i, c in enumerate(chunks):
-            slot = c.cache.slot.index
-            c.cache.stepped(c.first, positions[slot : slot + 1])
+            row = c.cache.slot.index - first
+            c.cache.stepped(c.first, positions[row : row + 1])
             c.logits = picked[i : i + 1]
             c.route = "static"
         self.steps += 1
@@ -251,14 +268,14 @@ class StepRunner:
         with self._lock:
             t0 = time.perf_counter()
             for size in batch_sizes(pool.block_slots):
-                if (self.key, size) in block.batches:
+                if (self.key, 0, size) in block.batches:
                     continue
-                batch = StaticBatch(self.fn, self.device, block, size, pool.capacities)
+                batch = StaticBatch(self.fn, self.device, block, 0, size, pool.capacities)
                 if self.mode == "graph":
                     self._capture(batch)
                 elif self.mode == "compiled":
                     batch.run()  # compiles this B now; empty rows write only scratch columns
-                block.batches[(self.key, size)] = batch
+                block.batches[(self.key, 0, size)] = batch
             self.capture_s += time.perf_counter() - t0
 
     def _capture(self, batch: StaticBatch) -> None:
