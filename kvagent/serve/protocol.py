@@ -177,6 +177,26 @@ COMMON: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     "logit_bias": (None, _only("logit_bias", {}, why="no logit bias")),
     "user": (None, lambda v: None),
 }
+
+
+def _kv_history(v: Any) -> int | None:
+    """kv_history: keep | mask-observations[=M] (agent/history.py): M, or None to keep every one."""
+    from kvagent.agent.history import parse_history
+    from kvagent.errors import ConfigError
+
+    if v == "keep":
+        return None
+    try:
+        rules = parse_history(v) if isinstance(v, str) else None
+    except ConfigError:
+        rules = None
+    if rules is None or rules.keep is None or rules.reply != "keep-thinking":
+        raise RequestError(
+            f"kv_history: expected keep or mask-observations[=M], got {json.dumps(v)}", param="kv_history"
+        )
+    return rules.keep
+
+
 CHAT_ONLY: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     "max_tokens": ("max_tokens", _int("max_tokens", lo=1)),
     "max_completion_tokens": ("max_tokens", _int("max_completion_tokens", lo=1)),
@@ -185,6 +205,7 @@ CHAT_ONLY: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     "parallel_tool_calls": (None, _bool("parallel_tool_calls")),
     "response_format": (None, _response_format),
     "chat_template_kwargs": ("chat_template_kwargs", _object("chat_template_kwargs")),
+    "kv_history": (None, _kv_history),  # observation masking: parse_chat re-renders the messages
 }
 COMPLETIONS_ONLY: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     "max_tokens": ("max_tokens", _int("max_tokens", lo=1)),
@@ -239,6 +260,11 @@ def parse_chat(raw: bytes) -> GenRequest:
     req.messages = check_messages(body["messages"])
     _apply(body, req, COMMON)
     _apply(body, req, CHAT_ONLY)
+    keep = _kv_history(body["kv_history"]) if body.get("kv_history") is not None else None
+    if keep is not None:  # older tool outputs as the paper's placeholder line; the session follows the text
+        from kvagent.agent.history import mask_messages
+
+        req.messages = mask_messages(req.messages, keep)
     if body.get("tools") is not None:
         req.tools = check_tools(body["tools"])
     choice = body.get("tool_choice")
