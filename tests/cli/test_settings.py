@@ -17,7 +17,10 @@ from kvagent.serve.kvconfig import kv_fields
 PKG = Path(settings.__file__).parents[1]
 # Options that share a spelling with a setting but are another setting: demo's --seed seeds the
 # generated episode, bench serve's --seed and --temperature are each request's.
-OTHER_SETTINGS = {("demo", "seed"), ("bench_serve", "seed"), ("bench_serve", "temperature")}
+# Same names, other settings: bench fidelity's --history is a comma list of replay histories (keep,
+# mask-observations[=M]), not the agent's one history rule.
+OTHER_SETTINGS = {("demo", "seed"), ("bench_serve", "seed"), ("bench_serve", "temperature"),
+                  ("bench_fidelity", "history")}  # fmt: skip
 
 
 def _names(form_set):
