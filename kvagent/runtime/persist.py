@@ -123,6 +123,7 @@ def export_session(session) -> SessionState:
         "prompt_length": session.prompt_length,
         "stale": session._stale,
         "round_index": ev.round_index,
+        "segments": list(ev.segments),  # Session.mark_segment's marks (the segments policy scores by them)
         "stats": dataclasses.asdict(session._stats),
         "cache": cache_meta,
         "state": state,
@@ -150,6 +151,7 @@ def import_session(engine, state: SessionState, where: str = "session state"):
     ev.cache.import_state({k[len("cache.") :]: v for k, v in t.items() if k.startswith("cache.")}, m["cache"])
     ev.state = [_unflatten(spec, t) for spec in m["state"]]
     ev.round_index = m["round_index"]
+    ev.segments = list(m.get("segments", []))
     if m["audit"] is not None:
         ev.audit = [AuditRound(**a, kept=t[f"audit.{i}"]) for i, a in enumerate(m["audit"])]
     session.history = t["history"].tolist()

@@ -326,3 +326,26 @@ def test_a_byte_changed_in_the_data_is_refused(tiny_engines, saved):
     raw[j] = ord(str((int(chr(raw[j])) + 1) % 10))
     saved.write_bytes(bytes(raw))
     assert "does not match the checksum" in refusal(engine, saved)
+
+
+def test_segment_marks_are_part_of_a_session(tiny_engines):
+    """The segments policy keeps or evicts the spans Session.mark_segment named: a restored session
+    carries the marks, so it keeps the same spans as the original; without them it would not."""
+    engine = tiny_engines["qwen3"]
+    cfg = config("segments", "persistent", "recent-buffer")
+    ops = episode()
+    original = engine.session(cfg)
+    for op in ops[:60]:
+        if op[0] in ("append", "generate"):
+            original.mark_segment(original.logical_length)
+        run(original, op)
+    state = persist.export_session(original).to_host()
+    assert state.meta["segments"] == original.evictor.segments and len(state.meta["segments"]) >= 3
+    fork = persist.import_session(engine, state)
+    assert fork.evictor.segments == original.evictor.segments
+    for i, op in enumerate(ops[60:]):
+        for s in (original, fork):
+            if op[0] in ("append", "generate"):
+                s.mark_segment(s.logical_length)
+        assert_same(run(fork, op), run(original, op), f"segments: op {60 + i} {op[0]}")
+    assert_same(fingerprint(fork), fingerprint(original), "segments: after the episode")
