@@ -26,6 +26,7 @@ MATRIX_ARGS = {
     "streaming": {}, "random": {}, "snapkv": {}, "pyramidkv": {"min_budget": 32}, "h2o": {},
     "nexus": {"block": 8}, "tova": {}, "knorm": {}, "keydiff": {}, "rkv": {},
     "triattention": {"rope_theta": 10_000.0, "recent": 16}, "morphkv": {}, "vase": {},
+    "segments": {},  # recorded when it was added (no marks in these episodes: its scorer's keep-sets)
 }  # fmt: skip
 
 
