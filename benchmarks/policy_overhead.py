@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import _model  # noqa: E402
 
-from kvagent.bench.speed import decode_latency  # noqa: E402
+from kvagent.bench.speed.run import decode_latency  # noqa: E402
 from kvagent.cli.settings import add_arguments  # noqa: E402
 from kvagent.errors import ConfigError  # noqa: E402
 from kvagent.options import split_list  # noqa: E402

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import _model  # noqa: E402
 
-from kvagent.bench.speed import decode_latency  # noqa: E402
+from kvagent.bench.speed.run import decode_latency  # noqa: E402
 from kvagent.cli.settings import add_arguments  # noqa: E402
 from kvagent.runtime import CacheConfig, Engine  # noqa: E402
 

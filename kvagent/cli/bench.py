@@ -109,7 +109,7 @@ def run_speed_bench(
     framework="recent-buffer",
 ) -> dict:  # fmt: skip
     from kvagent.bench.sources import load_episodes
-    from kvagent.bench.speed import run_speed, speed_config
+    from kvagent.bench.speed.run import run_speed, speed_config
     from kvagent.bench.stream import build_stream
     from kvagent.cli.ui import Bars, print_markdown
     from kvagent.runspec import sweep

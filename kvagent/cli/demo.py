@@ -27,8 +27,8 @@ def run_demo(
     policies=DEMO_POLICIES,
 ) -> list[dict]:
     """`engine`: the engine options (model, device, ...)."""
-    from kvagent.bench.demo_plot import plot_demo, probe_shown
-    from kvagent.bench.demo_series import series
+    from kvagent.bench.demo.plot import plot_demo, probe_shown
+    from kvagent.bench.demo.series import series
     from kvagent.bench.fidelity import make_grid, run_fidelity
     from kvagent.bench.generator import MIN_TURNS, generate_episode
     from kvagent.bench.masking import HistorySpec
@@ -109,7 +109,7 @@ def _print_table(records: list[dict], title: str, n_layers: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from kvagent.bench.demo_plot import probe_shown
+    from kvagent.bench.demo.plot import probe_shown
     from kvagent.bench.fidelity.tables import fidelity_rows
 
     probe = probe_shown(records)
@@ -142,8 +142,8 @@ def _print_table(records: list[dict], title: str, n_layers: int) -> None:
 
 def _rounds_caption(records: list[dict], n_layers: int) -> str:
     """Why the block policy's round count differs: a round is every layer that is due at once."""
-    from kvagent.bench.demo_plot import band_text
-    from kvagent.bench.demo_series import memory_band
+    from kvagent.bench.demo.plot import band_text
+    from kvagent.bench.demo.series import memory_band
     from kvagent.runspec import RunSpec
     from kvagent.runtime.config import build_policy
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvagent.bench.demo_series import fact_position, memory_band, memory_bound, series
+from kvagent.bench.demo.series import fact_position, memory_band, memory_bound, series
 from kvagent.bench.episodes import Episode
 from kvagent.bench.generator import generate_episode
 from kvagent.bench.replay import ReplayResult

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvagent.bench.demo_series import memory_band
+from kvagent.bench.demo.series import memory_band
 from kvagent.cli.settings import EngineOptions
 
 

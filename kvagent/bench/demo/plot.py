@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvagent.bench.demo_series import memory_band
+from kvagent.bench.demo.series import memory_band
 from kvagent.bench.plots import _save
 
 COLORS = {"full": "black", "random": "tab:blue", "snapkv": "tab:orange", "nexus": "tab:green"}
@@ -33,7 +33,7 @@ def probe_shown(records: list[dict]) -> bool:
 
 
 def plot_demo(records: list[dict], path: str | Path, title: str) -> Path:
-    """`records`: one episode's runs (fidelity records with `demo_series.series` fields)."""
+    """`records`: one episode's runs (fidelity records with `demo.series.series` fields)."""
     import matplotlib
 
     matplotlib.use("Agg")
