@@ -154,13 +154,20 @@ def run_study_bench(
     from kvagent.bench.study.design import DESIGNS, select
     from kvagent.bench.study.plots import plot_study
     from kvagent.bench.study.report import power_summary, write_report
+    from kvagent.bench.study.segments import DESIGNS as SEGMENT_DESIGNS
     from kvagent.bench.study.verdicts import analyse
     from kvagent.cli.ui import Bars, print_markdown
 
+    if claim in SEGMENT_DESIGNS:  # the third claim's designs: their own runs and analysis (bench_segments.py)
+        from kvagent.cli.bench_segments import run_segments_bench
+
+        return run_segments_bench(engine=engine, episodes=episodes, out=out, quiet=quiet, report_only=report_only,
+                                  claim=claim)  # fmt: skip
+    claims = [*DESIGNS, *SEGMENT_DESIGNS]
     if claim is None:
-        raise ConfigError(f"claim: none given; pass --claim {' or --claim '.join(DESIGNS)} (docs/study.md)")
+        raise ConfigError(f"claim: none given; pass --claim {' or --claim '.join(claims)} (docs/study.md)")
     if claim not in DESIGNS:
-        raise ConfigError(f"claim: got {claim!r}; choose one of {', '.join(DESIGNS)}")
+        raise ConfigError(f"claim: got {claim!r}; choose one of {', '.join(claims)}")
     if concurrency < 1:
         raise ConfigError(f"concurrency: must be >= 1, got {concurrency}")
     design = DESIGNS[claim]

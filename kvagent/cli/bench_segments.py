@@ -1,12 +1,13 @@
-"""`kvagent bench study --claim segments`: the third claim's pre-registered design
-(`kvagent.bench.study.segments`), run or resumed, then its report (study.md, study.json)."""
+"""`kvagent bench study --claim segments` (or `segments-replication`): one of the third claim's
+pre-registered designs (`kvagent.bench.study.segments.DESIGNS`), run or resumed, then its report
+(study.md, study.json)."""
 
 from __future__ import annotations
 
 from kvagent.cli.common import check_out_dir, load_engine, resume_hint
 
 
-def run_segments_bench(*, engine, episodes, out, quiet, report_only=False) -> dict:
+def run_segments_bench(*, engine, episodes, out, quiet, report_only=False, claim="segments") -> dict:
     import json
 
     from kvagent.bench.fidelity import load_records
@@ -18,8 +19,8 @@ def run_segments_bench(*, engine, episodes, out, quiet, report_only=False) -> di
     from kvagent.errors import ConfigError
     from kvagent.fileio import atomic_write_json, atomic_write_text
 
-    design = sg.SEGMENTS
-    outp = check_out_dir(out or "study-segments")
+    design = sg.DESIGNS[claim]
+    outp = check_out_dir(out or f"study-{claim}")
     selection = outp / "design.json"
     if report_only:
         if not selection.exists():
@@ -34,18 +35,18 @@ def run_segments_bench(*, engine, episodes, out, quiet, report_only=False) -> di
             selection.exists()
             and json.loads(selection.read_text(encoding="utf-8")).get("claim") != design.claim
         ):
-            raise ConfigError(f"out: {outp} holds another study; pass another --out for --claim segments")
+            raise ConfigError(f"out: {outp} holds another study; pass another --out for --claim {claim}")
         eps = [sg.prepare(design, e) for e in load_episodes(list(episodes), open_env=local_sandbox)]
         eng = load_engine(engine)
         try:
             streams = [build_stream(e, eng.tokenizer, max_tokens=design.max_tokens) for e in eps]
             picked, rows = sg.select(design, streams)
             if not picked:
-                raise ConfigError(f"episodes: none of the {len(rows)} is eligible for the segments design")
+                raise ConfigError(f"episodes: none of the {len(rows)} is eligible for the {claim} design")
             chosen = [s.name for s in picked]
             outp.mkdir(parents=True, exist_ok=True)
             atomic_write_json(selection, {"claim": design.claim, "chosen": chosen, "rows": rows})
-            print(f"study segments: {len(chosen)} episodes ({', '.join(chosen)}), "
+            print(f"study {claim}: {len(chosen)} episodes ({', '.join(chosen)}), "
                   f"{len(sg.specs_for(design, picked[0]))} runs each", flush=True)  # fmt: skip
             with resume_hint(outp), Bars(enabled=not quiet) as bars:
                 records = sg.run_segments(eng, picked, design, outp, engine.model, progress=bars)

@@ -88,7 +88,7 @@ def test_a_stopped_segments_study_continues_where_it_stopped(tmp_path, monkeypat
     from kvagent.bench import replay
     from kvagent.cli.app import app
 
-    monkeypatch.setattr(sg, "SEGMENTS", TINY)
+    monkeypatch.setitem(sg.DESIGNS, "segments", TINY)
     eps = tmp_path / "eps.jsonl"
     eps.write_text("".join(json.dumps({"id": f"ep{k}", "messages": messages(k)}) + "\n" for k in range(2)))
     out = tmp_path / "study"

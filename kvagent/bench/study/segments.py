@@ -2,6 +2,9 @@
 KV entries, observation masking is at least as faithful to the full cache as the token-level
 policies, in both protocols. Pre-registered: `SEGMENTS` below is the design as committed before any
 result; the command line changes only the episodes file, the model, the device and the out dir.
+`SEGMENTS_REPLICATION` (`--claim segments-replication`) is the second design, committed before its
+run: the next eligible episodes after the first design's (held out from it), with the segment-aware
+policy (runtime/policies/segments.py, over SnapKV's scores) as a second subject beside masking.
 
 Per chosen episode: the full-cache reference, the masking run per mode (the full cache with the
 older observations forgotten or re-rendered, bench/masking.py), then each token-level arm per mode
@@ -51,6 +54,11 @@ class SegmentsDesign:
     max_tokens: int = 2048
     min_observations: int = 8
     n_episodes: int = 3
+    skip: int = 0  # eligible episodes (file order) left to an earlier design: a replication's held-out rule
+    # the arms tested against each token-level arm: masking, and "segments" (the segment-aware policy
+    # at the same matched K, scoring with `scorer`; its segments are the replay's marks, from roles)
+    subjects: tuple[str, ...] = ("masking",)
+    scorer: str = "snapkv"
     margin: float = math.log(1.25)
     alpha: float = 0.05
 
@@ -60,10 +68,20 @@ class SegmentsDesign:
 
     @property
     def family(self) -> int:
-        return len(self.named) * len(self.modes)
+        return len(self.subjects) * len(self.named) * len(self.modes)
 
 
 SEGMENTS = SegmentsDesign()
+# The replication (docs/study.md, "Claim 3, replication"): the first design's rules on the next 4
+# eligible episodes, the segments policy a second subject; Holm over 2 x 4 x 2 = 16.
+SEGMENTS_REPLICATION = replace(
+    SEGMENTS,
+    claim="segments-replication",
+    skip=SEGMENTS.n_episodes,
+    n_episodes=4,
+    subjects=("masking", "segments"),
+)
+DESIGNS = {d.claim: d for d in (SEGMENTS, SEGMENTS_REPLICATION)}
 
 
 # ----------------------------------------------------------------------- episodes
@@ -93,10 +111,14 @@ def eligible(design: SegmentsDesign, stream: Stream) -> str | None:
 def select(design: SegmentsDesign, streams: Sequence[Stream]) -> tuple[list[Stream], list[dict]]:
     rows = [{"name": s.name, "tokens": len(s.ids), "observations": len(s.observations),
              "reason": eligible(design, s)} for s in streams]  # fmt: skip
-    chosen = [s for s, r in zip(streams, rows, strict=True) if r["reason"] is None][: design.n_episodes]
+    ok = [s for s, r in zip(streams, rows, strict=True) if r["reason"] is None]
+    earlier = {s.name for s in ok[: design.skip]}
+    chosen = ok[design.skip : design.skip + design.n_episodes]
     names = {s.name for s in chosen}
     for r in rows:
-        if r["reason"] is None and r["name"] not in names:
+        if r["reason"] is None and r["name"] in earlier:
+            r["reason"] = "eligible, run by the earlier design (excluded: held-out episodes only)"
+        elif r["reason"] is None and r["name"] not in names:
             r["reason"] = "eligible, held out (past the planned count)"
     return chosen, rows
 
@@ -164,8 +186,16 @@ def specs_for(design: SegmentsDesign, stream: Stream) -> list[RunSpec]:
     for mode in design.modes:
         out.append(HistorySpec("full", mode=mode, history=design.history, **fixed))
         k = matched_budget(design, stream, mode)
-        out += [HistorySpec(p, mode=mode, budget=k, protect=design.protect, framework=design.framework, **fixed)
-                for p in design.named]  # fmt: skip
+        evicting = {
+            "mode": mode,
+            "budget": k,
+            "protect": design.protect,
+            "framework": design.framework,
+            **fixed,
+        }
+        if "segments" in design.subjects:  # the same K: the framework's rule does not read the scores
+            out.append(HistorySpec("segments", policy_args={"scorer": design.scorer}, **evicting))
+        out += [HistorySpec(p, **evicting) for p in design.named]
     return out
 
 
@@ -182,30 +212,52 @@ def arm_of(design: SegmentsDesign, r: Mapping) -> str | None:
         return "masking"
     if r.get("policy") in design.named and not r.get("history"):
         return r["policy"]
+    if (
+        "segments" in design.subjects
+        and r.get("policy") == "segments"
+        and not r.get("history")
+        and (r.get("policy_args") or {}).get("scorer", "snapkv") == design.scorer
+    ):
+        return "segments"
     return None
 
 
+def _verdict(rows: Sequence[Mapping]) -> str:
+    if all(r["outcome"] in ("better", "non-inferior") for r in rows):
+        return "supported"
+    if any(r["outcome"] == "worse beyond the margin" for r in rows):
+        return "contradicted"
+    return "inconclusive"
+
+
+def _contrast(cell: Mapping, subject: str, base: str, mode: str, chosen: Sequence[str]) -> list[float]:
+    pairs = [(cell[(subject, mode, e)], cell[(base, mode, e)]) for e in chosen
+             if (subject, mode, e) in cell and (base, mode, e) in cell]  # fmt: skip
+    return [math.log(max(a["kl"], 1e-12) / max(b["kl"], 1e-12)) for a, b in pairs]
+
+
 def analyse(records: Sequence[Mapping], design: SegmentsDesign, chosen: Sequence[str]) -> dict:
-    """Per (arm, mode, episode) KL, top-1, kv_mean and both probes; per (baseline, mode) the
-    contrast d = log(KL_masking / KL_baseline), its tests, Holm over the family, the verdict."""
+    """Per (arm, mode, episode) KL, top-1, kv_mean and both probes; per (subject, baseline, mode) the
+    contrast d = log(KL_subject / KL_baseline), its tests, Holm over the whole family (every subject),
+    the verdict (and each subject's, by the same rule over its rows); masking vs segments, per mode,
+    secondary (uncorrected, no verdict)."""
     cell: dict[tuple[str, str, str], Mapping] = {}
     for r in records:
         arm = arm_of(design, r)
         if arm is not None and r.get("episode") in chosen and r.get("status") == "ok":
             cell[(arm, r["mode"], r["episode"])] = r
     rows, tests = [], []
-    for mode in design.modes:
-        for base in design.named:
-            pairs = [(cell[("masking", mode, e)], cell[(base, mode, e)]) for e in chosen
-                     if ("masking", mode, e) in cell and (base, mode, e) in cell]  # fmt: skip
-            d = [math.log(max(a["kl"], 1e-12) / max(b["kl"], 1e-12)) for a, b in pairs]
-            s = shift(d, design.margin)
-            # non-inferior: H0 mu >= +margin (masking worse by more than the factor) rejected
-            p_nonin = _one_sided(np.asarray(d, dtype=float), design.margin, "less")
-            rows.append({"baseline": base, "mode": mode, "n": len(d), "d": d,
-                         "ratio": math.exp(s.mean) if d else None, "lo95": s.lo95, "hi95": s.hi95,
-                         "p_noninferior": p_nonin, "p_better": s.p_below, "p_worse": s.p_beyond_above})  # fmt: skip
-            tests.append(rows[-1])
+    for subject in design.subjects:
+        for mode in design.modes:
+            for base in design.named:
+                d = _contrast(cell, subject, base, mode, chosen)
+                s = shift(d, design.margin)
+                # non-inferior: H0 mu >= +margin (the subject worse by more than the factor) rejected
+                p_nonin = _one_sided(np.asarray(d, dtype=float), design.margin, "less")
+                rows.append({"subject": subject, "baseline": base, "mode": mode, "n": len(d), "d": d,
+                             "ratio": math.exp(s.mean) if d else None, "lo95": s.lo95, "hi95": s.hi95,
+                             "p_noninferior": p_nonin, "p_better": s.p_below, "p_worse": s.p_beyond_above})  # fmt: skip
+                tests.append(rows[-1])
     for key, out in (
         ("p_noninferior", "holm_noninferior"),
         ("p_better", "holm_better"),
@@ -221,16 +273,20 @@ def analyse(records: Sequence[Mapping], design: SegmentsDesign, chosen: Sequence
             else "worse beyond the margin" if row["holm_worse"] < design.alpha
             else "undecided"
         )  # fmt: skip
-    if not complete:
-        verdict = "none yet (interim: the family has not run on every chosen episode)"
-    elif all(r["outcome"] in ("better", "non-inferior") for r in rows):
-        verdict = "supported"
-    elif any(r["outcome"] == "worse beyond the margin" for r in rows):
-        verdict = "contradicted"
-    else:
-        verdict = "inconclusive"
+    interim = "none yet (interim: the family has not run on every chosen episode)"
+    verdict = _verdict(rows) if complete else interim
+    by_subject = {sub: _verdict([r for r in rows if r["subject"] == sub]) if complete else interim
+                  for sub in design.subjects}  # fmt: skip
+    secondary = []
+    if "segments" in design.subjects:
+        for mode in design.modes:
+            d = _contrast(cell, "masking", "segments", mode, chosen)
+            s = shift(d, design.margin)
+            secondary.append({"subject": "masking", "baseline": "segments", "mode": mode, "n": len(d), "d": d,
+                              "ratio": math.exp(s.mean) if d else None, "lo95": s.lo95, "hi95": s.hi95,
+                              "p_better": s.p_below, "p_worse": s.p_above})  # fmt: skip
     return {"rows": rows, "cells": {"|".join(k): _summary(v) for k, v in cell.items()}, "verdict": verdict,
-            "chosen": list(chosen)}  # fmt: skip
+            "by_subject": by_subject, "secondary": secondary, "chosen": list(chosen)}  # fmt: skip
 
 
 def _summary(r: Mapping) -> dict:
@@ -246,14 +302,27 @@ def report_markdown(result: Mapping, design: SegmentsDesign, rows: Sequence[Mapp
     def f(x, spec=".3f"):
         return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
-    out = [f"# Claim 3: observation masking vs token-level eviction at equal mean KV (M = {design.keep})", "",
-           f"**Verdict: {result['verdict']}**", "",
-           "| baseline | mode | n | KL ratio masking/baseline [95% CI] | Holm p non-inferior | Holm p better | "
-           "Holm p worse | outcome |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    title = "observation masking" + (" and the segments policy" if "segments" in design.subjects else "")
+    out = [f"# Claim 3 ({design.claim}): {title} vs token-level eviction at equal mean KV (M = {design.keep})", "",
+           f"**Verdict: {result['verdict']}**", ""]  # fmt: skip
+    if len(design.subjects) > 1:
+        out += [f"- {sub}: {v}" for sub, v in result.get("by_subject", {}).items()] + [""]
+    out += [f"Holm over the {design.family} rows below (alpha {design.alpha}, margin {math.exp(design.margin):.2f}).", "",
+            "| subject | baseline | mode | n | KL ratio subject/baseline [95% CI] | Holm p non-inferior | "
+            "Holm p better | Holm p worse | outcome |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in result["rows"]:
         ci = f"[{f(math.exp(r['lo95']))}, {f(math.exp(r['hi95']))}]" if r["n"] > 1 else ""
-        out.append(f"| {r['baseline']} | {r['mode']} | {r['n']} | {f(r['ratio'])} {ci} | "
+        out.append(f"| {r.get('subject', 'masking')} | {r['baseline']} | {r['mode']} | {r['n']} | {f(r['ratio'])} {ci} | "
                    f"{f(r['holm_noninferior'])} | {f(r['holm_better'])} | {f(r['holm_worse'])} | {r['outcome']} |")  # fmt: skip
+    if result.get("secondary"):
+        out += ["", "Secondary (uncorrected, no verdict): masking vs the segments policy.", "",
+                "| mode | n | KL ratio masking/segments [95% CI] | p lower (one-sided) | p higher (one-sided) |",
+                "|---|---|---|---|---|"]  # fmt: skip
+        for r in result["secondary"]:
+            ci = f"[{f(math.exp(r['lo95']))}, {f(math.exp(r['hi95']))}]" if r["n"] > 1 else ""
+            out.append(
+                f"| {r['mode']} | {r['n']} | {f(r['ratio'])} {ci} | {f(r['p_better'])} | {f(r['p_worse'])} |"
+            )
     out += ["", "Per episode (KL, top-1, measured mean KV entries, K; the fact in the first observation / "
             "in the first reply: retrieved by the greedy answer):", "",
             "| episode | mode | arm | K | mean KV | KL | top-1 | fact (obs) | fact (reply) |",
