@@ -5,20 +5,21 @@ next `--forced` teacher forced; window 64, kernel 5."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from kvagent.bench.episodes import Episode
 from kvagent.bench.sources import load_episodes
 from kvagent.bench.stream import build_stream
 from kvagent.cli.settings import add_arguments
+from kvagent.errors import KvagentError
 from kvagent.options import split_list
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def add_protocol_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument(
-        "--episodes", default=str(ROOT.parent / "shared/data/trajectories_dev.jsonl") + ":plant=0"
+        "--episodes",
+        default="bundled:plant=0",
+        help="an episode spec; default: the study's bundled file (`kvagent bench episodes build`)",
     )
     ap.add_argument("--n", type=int, default=3, help="episodes (the first long enough)")
     ap.add_argument("--context", type=int, default=2048)
@@ -28,11 +29,20 @@ def add_protocol_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
 
 
-def protocol_episodes(args, tokenizer) -> list[dict]:
-    """The first `args.n` episodes long enough, each {"name", "ids"} cut to context + forced."""
+def read_episodes(args) -> list[Episode]:
+    """The episodes `--episodes` names, read before any model loads: a bad spec, or the bundled file
+    not built yet, is one line (naming `kvagent bench episodes build`)."""
+    try:
+        return load_episodes([args.episodes])
+    except KvagentError as e:
+        raise SystemExit(str(e)) from None
+
+
+def protocol_episodes(loaded: list[Episode], args, tokenizer) -> list[dict]:
+    """The first `args.n` of `loaded` long enough, each {"name", "ids"} cut to context + forced."""
     need = args.context + args.forced
     episodes = []
-    for e in load_episodes([args.episodes]):
+    for e in loaded:
         ids = build_stream(e, tokenizer).ids
         if len(ids) >= need:
             episodes.append({"name": e.name, "ids": ids[:need]})

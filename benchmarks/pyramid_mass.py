@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from _pyramid_protocol import add_protocol_args, positive_floats, protocol_episodes
+from _pyramid_protocol import add_protocol_args, positive_floats, protocol_episodes, read_episodes
 from transformers import AutoModelForCausalLM
 
 from kvagent.fileio import atomic_write_json
@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--beta", default="20,5,2", help="pyramidkv's beta values, a comma list")
     args = ap.parse_args()
     betas = positive_floats(args.beta, "--beta")  # before the models load: a typo costs nothing
+    loaded = read_episodes(args)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -77,7 +78,7 @@ def main() -> None:
             **common,
         )
     rows = []
-    for ep in protocol_episodes(args, engine.tokenizer):
+    for ep in protocol_episodes(loaded, args, engine.tokenizer):
         ids = ep["ids"]
         attn = forced_attention(model, ids, args.context)
         row = {

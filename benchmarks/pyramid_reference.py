@@ -6,7 +6,7 @@ runs in its own venv on the same token ids (benchmarks/kvpress_reference.py).
 
     python3.11 -m venv .venv-kvpress && .venv-kvpress/bin/pip install kvpress==0.5.5  (torch==2.13.0)
     .venv/bin/python benchmarks/pyramid_reference.py --out runs/pyramid-ref \\
-        [--episodes ../shared/data/trajectories_dev.jsonl:plant=0] [--keep 0.5,0.2] [--kvpress-json F]
+        [--episodes bundled:plant=0] [--keep 0.5,0.2] [--kvpress-json F]
 
 Prints one table (mean next-token KL from each side's own full cache, and the entries the top and
 bottom layers kept) and writes `pyramid_reference.json` to --out. --kvpress-json reuses a finished
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
-from _pyramid_protocol import add_protocol_args, positive_floats, protocol_episodes
+from _pyramid_protocol import add_protocol_args, positive_floats, protocol_episodes, read_episodes
 
 from kvagent.fileio import atomic_write_json
 from kvagent.runtime import CacheConfig, Engine
@@ -113,9 +113,10 @@ def main() -> None:
     betas = positive_floats(args.beta, "--beta")
     if len(betas) > 1 and not args.no_reference:
         raise SystemExit("--beta: a sweep runs kvagent's side only; add --no-reference")
+    loaded = read_episodes(args)
     torch.set_num_threads(args.threads)
     engine = Engine.load("smollm2", dtype="float32", device="cpu")
-    episodes = protocol_episodes(args, engine.tokenizer)
+    episodes = protocol_episodes(loaded, args, engine.tokenizer)
     spec = {"context": args.context, "window": args.window, "kernel": args.kernel, "beta": betas[0],
             "keep_ratios": keeps, "episodes": episodes}  # fmt: skip
     atomic_write_json(out / "ids.json", spec)

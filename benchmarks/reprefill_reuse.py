@@ -7,7 +7,9 @@ the episode). The two replays of a pair run back to back, in alternating order f
 so that a change in the machine's load falls on both.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/reprefill_reuse.py --ids A,B [--policies snapkv,nexus]
-        [--episodes ../shared/data/trajectories_dev.jsonl] [--max-tokens 8000] [--fraction 0.1]
+        [--episodes bundled] [--max-tokens 8000] [--fraction 0.1]
+
+`bundled` (the default) is the study's episode file, built once by `kvagent bench episodes build`.
 """
 
 from __future__ import annotations
@@ -21,21 +23,26 @@ from kvagent.bench.sources import load_episodes
 from kvagent.bench.stream import build_stream
 from kvagent.bench.study.design import budget_for
 from kvagent.cli.settings import add_arguments
+from kvagent.errors import KvagentError
 from kvagent.options import split_list
 from kvagent.runtime import CacheConfig, Engine
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--episodes", default="../shared/data/trajectories_dev.jsonl")
+    ap.add_argument("--episodes", default="bundled", help="bundled (the default) or FILE.jsonl")
     ap.add_argument("--ids", required=True, help="episode ids, comma-separated")
     add_arguments(ap, many=["policy"], policies="snapkv,nexus")
     ap.add_argument("--max-tokens", type=int, default=8000)
     ap.add_argument("--fraction", type=float, default=0.1)
     args = ap.parse_args()
-    engine = Engine.load("smollm2", device="cpu")
     spec = f"{args.episodes}:ids={'|'.join(split_list(args.ids, 'ids'))}"
-    streams = [build_stream(e, engine.tokenizer, max_tokens=args.max_tokens) for e in load_episodes([spec])]
+    try:  # before the model loads: a missing episode file is one line naming the build command
+        episodes = load_episodes([spec])
+    except KvagentError as e:
+        raise SystemExit(str(e)) from None
+    engine = Engine.load("smollm2", device="cpu")
+    streams = [build_stream(e, engine.tokenizer, max_tokens=args.max_tokens) for e in episodes]
     print("| episode | tokens | turns | policy | K | prefill tokens, rebuild | with reuse | "
           "wall s, rebuild | with reuse | speed-up | same KL at every position |")  # fmt: skip
     print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|")

@@ -8,16 +8,21 @@ For each episode, the tokens the model reads at its last call under three histor
   r2e    R2E-Gym's own re-render: a past reply becomes only its re-serialised call block
 and the sum over all calls of the tokens read (what a re-prefilling server processes in all).
 
-    .venv/bin/python scripts/deepswe_thinking_tokens.py ../shared/data/trajectories_dev.jsonl
+    .venv/bin/python scripts/deepswe_thinking_tokens.py [FILE.jsonl]
+
+Without FILE, the study's bundled episode file (`kvagent bench episodes build` makes it).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from kvagent.agent.r2egym import parse_action
 from kvagent.agent.render import ChatMLRenderer
 from kvagent.agent.thinking import thinking_offsets
+from kvagent.bench.manifest import bundled_file
+from kvagent.errors import KvagentError
 from kvagent.fileio import read_jsonl
 from kvagent.runtime.models import load_qwen3_tokenizer
 
@@ -69,5 +74,15 @@ def main(path: str) -> None:
         )
 
 
+def episode_file(arg: str | None) -> Path:
+    """FILE, or the bundled episode file (checked against its manifest); missing or stale: one line."""
+    if arg and arg != "bundled":
+        return Path(arg)
+    try:
+        return bundled_file()
+    except KvagentError as e:
+        raise SystemExit(str(e).replace("pass --episodes FILE.jsonl", "pass FILE.jsonl")) from None
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "../shared/data/trajectories_dev.jsonl")
+    main(str(episode_file(sys.argv[1] if len(sys.argv) > 1 else None)))
