@@ -1,5 +1,5 @@
 """The `kvagent` command line: every command and its options, declared with the shared option set
-of `params.py` (bad input: one line, exit 2): the top-level commands here, the `images` and `bench`
+of `settings.py` (bad input: one line, exit 2, by `exits.py`): the top-level commands here, the `images` and `bench`
 groups in `app_images.py` and `app_bench.py`. Each body lives in the module of the same name."""
 
 from __future__ import annotations
@@ -13,22 +13,19 @@ from kvagent.cli.app_bench import bench_app
 from kvagent.cli.app_eval import eval_, grade, report
 from kvagent.cli.app_images import images_app
 from kvagent.cli.app_serve import serve
-from kvagent.cli.params import (
-    AGENT_MODEL,
-    BENCH_MODEL,
-    Isolation,
-    Network,
-    Quiet,
-    run_app,
-    user_errors,
-)
+from kvagent.cli.exits import run_app, user_errors
 from kvagent.cli.settings import (
     AGENT,
+    AGENT_MODEL,
+    BENCH_MODEL,
     FROM_OPTIONS,
     ONE_RUN,
     AgentOptions,
     CacheOptions,
     EngineOptions,
+    Isolation,
+    Network,
+    Quiet,
     agent_options,
     cache_options,
     engine_options,

@@ -6,8 +6,17 @@ from typing import Annotated
 
 import typer
 
-from kvagent.cli.params import BENCH_MODEL, Quiet, ReusePrefix, user_errors
-from kvagent.cli.settings import FROM_OPTIONS, CacheOptions, EngineOptions, cache_options, engine_options
+from kvagent.cli.exits import user_errors
+from kvagent.cli.settings import (
+    BENCH_MODEL,
+    FROM_OPTIONS,
+    CacheOptions,
+    EngineOptions,
+    Quiet,
+    ReusePrefix,
+    cache_options,
+    engine_options,
+)
 
 bench_app = typer.Typer(
     help="Benchmarks of eviction policies: fidelity to the full cache, the policy study, speed and memory.",

@@ -8,21 +8,18 @@ from typing import Annotated
 
 import typer
 
-from kvagent.cli.params import (
-    AGENT_MODEL,
-    Instances,
-    Isolation,
-    Network,
-    Split,
-    fail,
-    user_errors,
-)
+from kvagent.cli.exits import fail, user_errors
 from kvagent.cli.settings import (
     AGENT,
+    AGENT_MODEL,
     FROM_OPTIONS,
     AgentOptions,
     CacheOptions,
     EngineOptions,
+    Instances,
+    Isolation,
+    Network,
+    Split,
     agent_options,
     cache_options,
     engine_options,

@@ -7,10 +7,8 @@ from typing import Annotated
 
 import typer
 
-from kvagent.cli.params import (
-    Split,
-    user_errors,
-)
+from kvagent.cli.exits import user_errors
+from kvagent.cli.settings import Split
 
 images_app = typer.Typer(help="Build and check sandbox images without any registry.", no_args_is_help=True)
 

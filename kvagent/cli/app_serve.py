@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from kvagent.cli.params import AGENT_MODEL, user_errors
+from kvagent.cli.exits import user_errors
 from kvagent.cli.settings import (
+    AGENT_MODEL,
     FROM_OPTIONS,
     ONE_RUN,
     CacheOptions,

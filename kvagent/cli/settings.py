@@ -5,7 +5,10 @@ engine's: `runtime.step.resolve_mode`, `common.load_engine`). A command takes th
 `cache_options(...)` / `agent_options(...)` / `engine_options(...)`: the decorator adds the options
 to the command's signature (typer reads that) and hands the command ONE typed value,
 `CacheOptions` / `AgentOptions` / `EngineOptions`. vLLM's `EngineArgs.add_cli_args` does the same
-from its dataclass.
+from its dataclass. The options several commands share besides those (progress, prefix reuse,
+sandboxes, datasets: `OTHER`) are declared here too, as the typer types the commands annotate with
+(`Quiet`, `Network`, ...), and the default models. This is the one home of option declarations; their
+parsing is kvagent/options.py's.
 
 A cache field has up to three forms: `one` (a run's value), `many` (a sweep's comma list: `eval
 --budgets`, `bench fidelity --framework a,b`) and `tokens` (a budget in whole tokens: demo, bench
@@ -20,7 +23,8 @@ from dataclasses import dataclass, fields
 from functools import wraps
 from typing import Annotated, Any
 
-import typer
+# typer (and rich under it) is imported only where a typer option is built: benchmarks/ scripts
+# read these declarations through `add_arguments` on machines that have torch but no typer.
 
 
 @dataclass(frozen=True)
@@ -33,12 +37,16 @@ class Form:
     help: str
     flag: str | None = None
 
+    def annotation(self) -> Any:
+        """The typer type a command's parameter is annotated with."""
+        import typer
+
+        return Annotated[self.type, typer.Option(*([self.flag] if self.flag else []), help=self.help)]
+
     def parameter(self, default: Any) -> inspect.Parameter:
-        option = typer.Option(*([self.flag] if self.flag else []), help=self.help)
         return inspect.Parameter(
-            self.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
-            annotation=Annotated[self.type, option],
-        )  # fmt: skip
+            self.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=self.annotation()
+        )
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,36 @@ ENGINE: dict[str, Form] = {  # Engine.load argument -> its option
                    "under --decode-step compiled) | packed (float32 or bfloat16; holds the weights twice) | "
                    "plain (torch's F.linear)."),
 }  # fmt: skip
+
+AGENT_MODEL = "agentica-org/DeepSWE-Preview"  # solve, chat, eval, serve
+BENCH_MODEL = "smollm2"  # demo, bench: the bundled small model
+
+# The other options several commands share, by the typer type a command annotates its parameter with
+# (`quiet: Quiet = False`); the type is built when first imported (module `__getattr__` below).
+OTHER: dict[str, Form] = {
+    "Quiet": Form("quiet", bool, "No progress bars.", flag="--quiet"),
+    "ReusePrefix": Form("reuse_prefix", bool, "Reprefill runs: each rebuild starts from the previous one's "
+                        "dense state at its last whole chunk (the same logits, a few times fewer forwards). "
+                        "Off: less memory (no copy of the dense history), and wall times that are the "
+                        "protocol's.", flag="--reuse-prefix/--no-reuse-prefix"),
+    "Network": Form("network", str | None, "Docker sandboxes: none, or default (Docker's network, as "
+                    "R2E-Gym's containers). Default: the scaffold's (default under --scaffold r2egym, none "
+                    "under kvagent's)."),
+    "Split": Form("split", str, "Dataset split (HF names, folders)."),
+    "Instances": Form("instances", str | None, "Selection: ids a,b | slice 0:10 | re:REGEX | "
+                      "repo:owner/name. Default: all."),
+    "Isolation": Form("isolation", str, "Local sandboxes: bwrap (bubblewrap; refuses to start without it) "
+                      "or none (the model's commands run on this host, unisolated). Docker containers are "
+                      "always isolated."),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """`from kvagent.cli.settings import Quiet`: OTHER's typer type, built (and typer imported) now."""
+    if name in OTHER:
+        return OTHER[name].annotation()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # The value a command's `cache` / `agent` parameter is declared with; the decorator fills it in.
 FROM_OPTIONS: Any = None
@@ -287,6 +325,22 @@ def agent_config(**options: Any) -> Any:
     config = AgentConfig(**options)
     config.sampling()
     return config
+
+
+def cache_args(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Of option values by name (a test's, a script's), those named as a run's CacheConfig fields,
+    as `options.cache_config` takes them. Commands get theirs typed (`CacheOptions`)."""
+    from kvagent.runspec import IDENTITY
+
+    return {k: v for k, v in values.items() if k in IDENTITY}
+
+
+def agent_args(values: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
+    """The AgentConfig arguments of agent option values by name (a test's, a script's) and `fixed`
+    (values not taken as options); `AgentOptions.arguments` says how."""
+    names = {f.name for f in fields(AgentOptions)} - {"taken"}
+    picked = {k: v for k, v in values.items() if k in names}
+    return AgentOptions(**picked, taken=tuple(picked)).fixed(**fixed).arguments()
 
 
 def cache_options(

@@ -19,7 +19,7 @@ from kvagent.bench.serve_load.report import summarize
 from kvagent.bench.serve_load.run import Target
 from kvagent.bench.serve_load.workload import Limits, build_workload, conversation_of
 from kvagent.cli.app import app
-from kvagent.cli.params import run_app
+from kvagent.cli.exits import run_app
 from kvagent.errors import ConfigError
 
 

@@ -55,7 +55,7 @@ def test_a_file_error_is_one_line_and_exit_1(monkeypatch):
 
 
 def test_error_messages_spell_fields_as_the_options_are_typed():
-    from kvagent.cli.params import cli_spelling
+    from kvagent.cli.exits import cli_spelling
 
     assert cli_spelling("max_steps: must be >= 1, got 0") == "max-steps: must be >= 1, got 0"
     assert (
@@ -110,7 +110,7 @@ def test_markdown_reports_are_tables_on_a_terminal_and_markdown_when_piped():
 # ------------------------------------------------------------------------------------ whole paths
 def test_solve_keeps_the_paths_of_its_results_on_one_line(scripted, repo, tmp_path):
     from kvagent.cli import solve
-    from kvagent.cli.params import agent_args
+    from kvagent.cli.settings import agent_args
 
     console = Console(file=io.StringIO(), width=40, color_system=None)
     out = tmp_path / "a-results-directory-with-a-long-name"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvagent.cli import app
-from kvagent.cli.params import run_app
+from kvagent.cli.app import app
+from kvagent.cli.exits import run_app
 
 
 class Reached(Exception):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvagent.cli import app
-from kvagent.cli.params import run_app
+from kvagent.cli.app import app
+from kvagent.cli.exits import run_app
 from kvagent.cli.settings import EngineOptions
 from tests.cli.test_engine_options import ray_setup
 

@@ -35,7 +35,7 @@ def test_every_cache_field_has_one_declaration_and_serve_asks_the_same_list():
 
 def test_no_command_declares_a_shared_setting_itself():
     """Counted from the source: a parameter of a command in kvagent/cli named as a cache, agent or
-    engine option (or an option alias in params.py) would be a second declaration."""
+    engine option (or one of settings.OTHER's shared typer types) would be a second declaration."""
     shared = _names(settings.CACHE.values()) | {
         f.name for f in (*settings.AGENT.values(), *settings.ENGINE.values())
     }
@@ -47,10 +47,9 @@ def test_no_command_declares_a_shared_setting_itself():
             ):
                 found += [(node.name, a.arg) for a in node.args.args if a.arg in shared]
     assert [f for f in found if f not in OTHER_SETTINGS] == []
-    params = (PKG / "cli" / "params.py").read_text(encoding="utf-8")
-    aliases = re.findall(r"^(\w+) = Annotated\[", params, flags=re.M)
+    assert [f.name for f in settings.OTHER.values() if f.name in shared] == []
     camel = {"".join(w.title() for w in n.split("_")) for n in shared}
-    assert [a for a in aliases if a in camel] == []
+    assert [a for a in settings.OTHER if a in camel] == []
 
 
 def test_settings_travel_typed():

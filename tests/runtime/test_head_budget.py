@@ -166,7 +166,7 @@ def test_adaptive_sessions_batched_with_others_equal_solo(tiny_engines, batch_en
 
 
 def test_cli_threads_head_budget_into_the_cache_config():
-    from kvagent.cli.params import cache_args
+    from kvagent.cli.settings import cache_args
     from kvagent.options import cache_config
 
     # A command's parameters: cache options among others (cache_args picks the CacheConfig fields).

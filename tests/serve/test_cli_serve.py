@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from kvagent.cli.app import app
-from kvagent.cli.params import run_app
+from kvagent.cli.exits import run_app
 
 
 @pytest.mark.parametrize(

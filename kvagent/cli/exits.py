@@ -1,19 +1,17 @@
-"""The options several commands share besides the engine, cache and agent settings (those are
-`settings.py`'s): progress, sandbox and dataset options, declared once as typer types; the default
-models; and the one-line error handling of every command."""
+"""How a command fails: bad input (`KvagentError`) as one line and exit 2, a file that cannot be read
+or written as one line and exit 1, Ctrl-C as exit 130, typer's own usage errors as one line; and
+error messages' leading field spelled as the option the user typed. Not option code: the options'
+declarations are settings.py's, their parsing kvagent/options.py's."""
 
 from __future__ import annotations
 
 import errno
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import wraps
-from typing import Annotated, Any
+from typing import Any
 
 import typer
-
-AGENT_MODEL = "agentica-org/DeepSWE-Preview"  # solve, chat, eval
-BENCH_MODEL = "smollm2"  # demo, bench: the bundled small model
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -88,59 +86,3 @@ def os_error_line(e: OSError) -> str:
     paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
     what = e.strerror or str(e) or type(e).__name__
     return f"{what}: {paths}; check the path and its permissions" if paths else f"{what} ({type(e).__name__})"
-
-
-# ----------------------------------------------------------------------------- the shared options
-# The engine, cache and agent options: settings.py (one declaration per field).
-Quiet = Annotated[bool, typer.Option("--quiet", help="No progress bars.")]
-ReusePrefix = Annotated[
-    bool,
-    typer.Option(
-        "--reuse-prefix/--no-reuse-prefix",
-        help="Reprefill runs: each rebuild starts from the previous one's dense state at its last whole "
-        "chunk (the same logits, a few times fewer forwards). Off: less memory (no copy of the dense "
-        "history), and wall times that are the protocol's.",
-    ),
-]
-Network = Annotated[
-    str | None,
-    typer.Option(
-        help="Docker sandboxes: none, or default (Docker's network, as R2E-Gym's containers). Default: the "
-        "scaffold's (default under --scaffold r2egym, none under kvagent's)."
-    ),
-]
-Split = Annotated[str, typer.Option(help="Dataset split (HF names, folders).")]
-Instances = Annotated[
-    str | None,
-    typer.Option(help="Selection: ids a,b | slice 0:10 | re:REGEX | repo:owner/name. Default: all."),
-]
-
-
-def cache_args(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Of option values by name (a test's, a script's), those named as a run's CacheConfig fields,
-    as `options.cache_config` takes them. Commands get theirs typed (`settings.CacheOptions`)."""
-    from kvagent.runspec import IDENTITY
-
-    return {k: v for k, v in values.items() if k in IDENTITY}
-
-
-def agent_args(values: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
-    """The AgentConfig arguments of agent option values by name (a test's, a script's) and `fixed`
-    (values not taken as options); `settings.AgentOptions.arguments` says how."""
-    from dataclasses import fields
-
-    from kvagent.cli.settings import AgentOptions
-
-    names = {f.name for f in fields(AgentOptions)} - {"taken"}
-    picked = {k: v for k, v in values.items() if k in names}
-    return AgentOptions(**picked, taken=tuple(picked)).fixed(**fixed).arguments()
-
-
-# Local sandboxes: how model-written commands run.
-Isolation = Annotated[
-    str,
-    typer.Option(
-        help="Local sandboxes: bwrap (bubblewrap; refuses to start without it) or none (the model's "
-        "commands run on this host, unisolated). Docker containers are always isolated."
-    ),
-]
