@@ -23,6 +23,12 @@ ALLOWED = {
 }
 SHARED = {"errors", "fileio", "options", "runspec", "testing", "__init__", "__main__"}
 MAX_LINES = 400
+# Files whose one idea needs more, and why (split by idea, never by size).
+LIMITS = {
+    # every option several commands share, declared once with its help, plus the typed values and
+    # the typer and argparse adapters built from those declarations: split, it is two homes again
+    "cli/settings.py": 450,
+}
 
 
 def modules() -> dict[str, Path]:
@@ -119,4 +125,5 @@ def test_no_import_cycle_inside_the_runtime_even_for_annotations():
 @pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=lambda p: str(p.relative_to(PKG)))
 def test_module_size(path):
     n = len(path.read_text().splitlines())
-    assert n <= MAX_LINES, f"{path.relative_to(PKG)} has {n} lines; split it by idea (limit {MAX_LINES})"
+    limit = LIMITS.get(path.relative_to(PKG).as_posix(), MAX_LINES)
+    assert n <= limit, f"{path.relative_to(PKG)} has {n} lines; split it by idea (limit {limit})"
