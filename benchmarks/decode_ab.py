@@ -107,24 +107,27 @@ def block_times(sessions, tokens, steps: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    from kvagent.cli.settings import add_arguments  # the commands' --model and --dtype
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, required=True, help="directory holding the older kvagent/")
     ap.add_argument(
         "--after", type=Path, default=ROOT, help="directory holding the newer kvagent/ (this checkout)"
     )
-    ap.add_argument("--model", default="smollm2")
+    add_arguments(ap, engine=["model", "dtype"], dtype="float32")
     ap.add_argument("--length", type=int, default=512, help="tokens prefilled before timing")
     ap.add_argument("--steps", type=int, default=16, help="decode steps per timed block")
     ap.add_argument("--blocks", type=int, default=24, help="timed blocks per version and config")
     ap.add_argument(
         "--batched", type=int, default=0, help="N > 1: N sessions per version on a batching engine"
     )
-    ap.add_argument("--dtype", default="float32", help="float32 or bfloat16")
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: the steadiest on a shared machine; "
         "more: read the wall times, the solo CPU time counts the calling thread only)"
     )  # fmt: skip
     args = ap.parse_args()
+    for name in [n for n in sys.modules if n.split(".")[0] == "kvagent"]:
+        del sys.modules[name]  # loaded for the options only: engines() imports --after's kvagent
     if args.batched == 1 or args.batched < 0:
         ap.error("--batched N needs N >= 2 (leave it out for the solo step)")
     if not (args.before / "kvagent").is_dir():

@@ -60,14 +60,16 @@ def decode_kernels(which: str):
 
 
 def parse(argv=None):
+    from kvagent.cli.settings import add_arguments  # the commands' declarations (no typer needed)
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for profile.md and profile.json")
-    ap.add_argument("--policies", default="snapkv,pyramidkv", help="comma list, profiled in order")
-    ap.add_argument("--device", default="auto", help="cuda | cpu | auto")
-    ap.add_argument("--quick", action="store_true", help="tiny shape (CPU smoke run)")
+    ap.add_argument("--quick", action="store_true", help="tiny shape (CPU smoke run; K 64, r 32)")
     ap.add_argument("--layers", type=int, default=8, help="depth (default 8; quick 2)")
-    ap.add_argument("--budget", type=int, default=2048, help="K (default 2048; quick 64)")
-    ap.add_argument("--buffer", type=int, default=128, help="r (default 128; quick 32)")
+    add_arguments(  # profiled in the order given; K 2048, r 128
+        ap, many=["policy"], tokens=["budget"], one=["buffer"], engine=["device"], policies="snapkv,pyramidkv",
+        budget=2048,
+    )  # fmt: skip
     ap.add_argument("--length", type=int, default=4096, help="tokens before the steps (quick 256)")
     ap.add_argument("--steps", type=int, default=8, help="decode steps timed, then profiled (quick 4)")
     ap.add_argument(

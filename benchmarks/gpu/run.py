@@ -76,16 +76,17 @@ def _alarm(signum, frame):
 
 
 def parse(argv=None):
+    from kvagent.cli.settings import add_arguments  # the commands' declarations (no typer needed)
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for gpu.json and gpu.md")
-    ap.add_argument("--device", default="auto", help="cuda | cpu | auto")
+    add_arguments(ap, many=["policy"], engine=["device"], policies=None)  # None: every registered policy
     ap.add_argument("--quick", action="store_true", help="tiny shapes and lengths (CPU smoke run)")
     ap.add_argument("--budget-s", type=float, default=None, help="total time cap (default 450; quick 120)")
     ap.add_argument("--layers", type=int, default=None, help="production depth (default: 64, or what fits)")
     ap.add_argument(
         "--long-layers", type=int, default=None, help="depth of the long part (default 8; quick 1)"
     )
-    ap.add_argument("--policies", default=None, help="comma list (default: every registered policy)")
     ap.add_argument(
         "--parts",
         default=",".join(CAPS),

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from kvagent.bench import manifest as mf
 from kvagent.bench.converters import CONVERTERS, stats
 from kvagent.bench.sources import load_episodes
-from kvagent.cli import app
+from kvagent.cli.app import app
 from kvagent.errors import ConfigError, KvagentError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from kvagent.bench.fidelity.run import make_grid, record_key
 from kvagent.bench.fidelity.tables import fidelity_markdown, fidelity_rows
-from kvagent.cli import app
+from kvagent.cli.app import app
 from kvagent.errors import ConfigError
 
 

@@ -3,7 +3,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from kvagent.cli import app
+from kvagent.cli.app import app
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

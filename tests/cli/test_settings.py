@@ -118,19 +118,72 @@ def test_benchmark_scripts_take_the_same_options_on_argparse():
     assert (engine.model, engine.dtype, engine.device) == ("smollm2", "float32", "auto")
 
 
-def test_no_benchmark_script_redeclares_a_cache_setting():
-    """benchmarks/ scripts take cache settings through `add_arguments` (the GPU scripts aside, and
-    the PyramidKV reference protocol's --keep / --beta, which mirror kvpress's side)."""
+def test_no_benchmark_script_redeclares_a_cache_or_engine_setting():
+    """benchmarks/ scripts, the GPU ones included, take cache and engine settings through
+    `add_arguments` (the PyramidKV reference protocol's --keep / --beta aside, which mirror kvpress's
+    side, and kvpress_reference.py's --model, a directory in kvpress's own environment)."""
     flags = {
         "--" + f.name.replace("_", "-")
         for s in settings.CACHE.values()
         for f in (s.one, s.many, s.tokens)
         if f
-    }
+    } | {"--" + f.name.replace("_", "-") for f in settings.ENGINE.values()}
     found = [
-        f"{p.name}:{flag}"
-        for p in sorted((PKG.parent / "benchmarks").glob("*.py"))
+        f"{p.relative_to(PKG.parent / 'benchmarks')}:{flag}"
+        for p in sorted((PKG.parent / "benchmarks").rglob("*.py"))
         for flag in re.findall(r'add_argument\(\s*"(--[\w-]+)"', p.read_text(encoding="utf-8"))
         if flag in flags - {"--modes"} or flag == "--kv-budget"  # decode_modes' --modes: decode steps
     ]
-    assert found == []
+    assert [f for f in found if f != "kvpress_reference.py:--model"] == []
+
+
+# What a GPU machine may lack: benchmarks/gpu/ scripts run there with torch but maybe no typer or rich.
+NO_TYPER = """
+import sys
+for name in ("typer", "rich", "click"):
+    sys.modules[name] = None  # `import typer` raises ImportError, as where it is not installed
+sys.path[:0] = [{root!r}, {gpu!r}]
+"""
+
+
+def test_the_declarations_and_the_gpu_scripts_options_need_no_typer(tmp_path):
+    """The declarations and their argparse adapter import without typer (typer is imported only where
+    a typer option is built), and the GPU scripts parse the commands' options with their own defaults."""
+    import subprocess
+    import sys
+
+    root = PKG.parent
+    boot = NO_TYPER.format(root=str(root), gpu=str(root / "benchmarks" / "gpu"))
+    code = (
+        boot
+        + f"""
+import argparse
+from kvagent.cli import settings
+assert settings.__file__.startswith({str(root)!r})
+ap = argparse.ArgumentParser()
+settings.add_arguments(ap, one=["policy", "buffer"], tokens=["budget"], engine=["device", "dtype"])
+args = ap.parse_args(["--budget", "64", "--device", "cpu"])
+assert (args.budget, args.buffer, args.device, args.dtype) == (64, 128, "cpu", "auto"), args
+try:
+    settings.Quiet  # a typer type: built, typer imported, only when asked for
+except ImportError:
+    pass
+else:
+    raise AssertionError("typer was not blocked")
+import run, profile_policy
+a = run.parse(["--out", {str(tmp_path)!r}, "--quick", "--device", "cpu"])
+assert (a.device, a.policies) == ("cpu", None), a
+p = profile_policy.parse(["--out", {str(tmp_path)!r}])
+assert (p.device, p.budget, p.buffer, p.policies) == ("auto", 2048, 128, ["snapkv", "pyramidkv"]), p
+q = profile_policy.parse(["--out", {str(tmp_path)!r}, "--quick", "--policies", "random"])
+assert (q.budget, q.buffer, q.policies) == (64, 32, ["random"]), q
+loaded = [n for n in ("typer", "rich", "click") if sys.modules.get(n) is not None]
+assert not loaded, loaded
+print("OK")
+"""
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().endswith("OK")
