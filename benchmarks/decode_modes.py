@@ -79,7 +79,7 @@ def main() -> None:
             max_batch=n, decode_step="static" if step == "parts" else step, linear=linear or "auto",
         )  # fmt: skip
         if attention:  # the static step's attention backend (attention_step.py), made again with it
-            engine.step_runner.plain.set_attention(attention, engine.device)
+            engine.set_step_attention(attention)
             engine.set_decode_step(engine.step_runner.mode)
         if mode == "parts":
             engine.step_runner.decoder.compile_parts()

@@ -222,7 +222,7 @@ def step_rows(engine, policy: str, plan: dict, modes: dict, clock, report: dict,
         for mode, backend in modes.items():
             if backend is not None:
                 t0 = time.perf_counter()
-                engine.step_runner.plain.set_attention(backend, engine.device)
+                engine.set_step_attention(backend)
                 engine.set_decode_step(plan["static_mode"])  # prepares (captures) every block now
                 runner = engine.step_runner
                 report["prepare"].append(
@@ -300,7 +300,7 @@ def profile(engine, plan: dict, report: dict, static_mode: str) -> None:
     cfg = CacheConfig(policy="random", budget=plan["budget"], buffer=plan["buffer"], protect="sink")
     cuda = engine.device.type == "cuda"
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    engine.step_runner.plain.set_attention("auto", engine.device)  # the default backend
+    engine.set_step_attention("auto")  # the default backend
     engine.set_decode_step(static_mode)
     decoder = engine.step_runner.decoder  # what the step runs (a CPU's packed twin, else the plain one)
     for n in (min(plan["ns"]), max(plan["ns"])):
@@ -373,7 +373,7 @@ def profile_row(prof, n: int, steps: int, captured: bool, runner) -> dict:
         / steps,
         "aten_ops_per_step": sum(e.count for e in events if e.key.startswith("aten::")) / steps,
         "top": [(e.key[:120], (device_us(e) or e.self_cpu_time_total) / steps) for e in top],
-        "attention_backend": runner.plain.attention,
+        "attention_backend": runner.decoder.attention,
     }
 
 

@@ -1,24 +1,27 @@
-"""The decode step as one function of static tensors: one token for each of B rows, against the
-slabs of B consecutive slots of a pool block (pool.py), through the model's own weights.
+"""The model as kvagent runs it: the Llama family's layers written once, over the model's own
+weights, in two entry points. `forward` is the eager forward of a packed row (forward.py: prefill
+chunks, tool outputs, re-prefill rebuilds, decode tokens the static step does not take), attending
+through the sessions' caches as transformers' attention hook would. `__call__` is the static decode
+step: one token for each of B rows, against the slabs of B consecutive slots of a pool block
+(pool.py). One model path: transformers' modules run only for architectures this file does not
+know (`decoder_for` is None), and the oracle (oracle.py) runs them as the independent reference.
 
-Every shape in it is fixed by (B, the pool's capacities): a row's key length is not one of them.
-Each row's new K/V and position are written at its layer's entry count `lens[l, row]` (an index
-tensor), its queries at `ridx[row]` of the window ring, and attention covers a slot's whole
-capacity under the mask `positions >= 0` (the slab keeps -1 past the live entries, and ragged heads
-start with -1). A row that carries no session writes to the scratch column (index C_l, W) with
-position -1 and its output is ignored. So the same ops run every step, nothing reads a value back
-to the host, and the function can be compiled once (torch.compile, fullgraph) or captured once per
-batch size (a CUDA graph) and replayed.
+Every shape in the static step is fixed by (B, the pool's capacities): a row's key length is not
+one of them. Each row's new K/V and position are written at its layer's entry count `lens[l, row]`
+(an index tensor), its queries at `ridx[row]` of the window ring, and attention covers a slot's
+whole capacity under the mask `positions >= 0` (the slab keeps -1 past the live entries, and
+ragged heads start with -1). A row that carries no session writes to the scratch column (index C_l,
+W) with position -1 and its output is ignored. So the same ops run every step, nothing reads a
+value back to the host, and the step can be compiled once (torch.compile, fullgraph) or captured
+once per batch size (a CUDA graph) and replayed.
 
 The layers are the Llama family's (Llama, Mistral, Qwen2, Qwen3: pre-norm, RoPE, GQA, SiLU-gated
-MLP; Qwen3's per-head q/k norms), computed as transformers' modules compute them, on the model's
-own parameters. q/k/v and gate/up are fused at load: one matmul each, with the original modules'
-weights rebound to views of the fused ones, so fusing holds no weight twice and the eager path
-(prefill) computes with the same numbers. On a CPU both paths read oneDNN-packed copies besides
-(linear.py; `packed` makes the step's twin). RMSNorm, RoPE and the gated activation are small
-functions of their own: `compile_parts` compiles each (the captured CUDA step does, step.py), so
-each runs as one kernel instead of five to eight; a kernel in a graph costs GPU time even with no
-launch. Any other architecture has no static step (`decoder_for` is None).
+MLP; Qwen3's per-head q/k norms), computed as transformers' modules compute them. q/k/v and gate/up
+are fused at load: one matmul each, with the original modules' weights rebound to views of the
+fused ones, so fusing holds no weight twice. On a CPU both entry points read oneDNN-packed copies
+besides (linear.py; `packed` makes the twin). RMSNorm, RoPE and the gated activation are small
+functions of their own: `compile_parts` compiles each for the captured CUDA step (step.py), so each
+runs as one kernel instead of five to eight; a kernel in a graph costs GPU time even with no launch.
 """
 
 from __future__ import annotations
@@ -84,7 +87,8 @@ def _fuse(modules, name: str = "weight") -> torch.Tensor | None:
 
 
 class Decoder:
-    """The model's weights as the static step reads them, and the step itself (`__call__`)."""
+    """The model's weights as kvagent reads them: the eager forward (`forward`) and the static step
+    (`__call__`)."""
 
     def __init__(self, model, scaling: float) -> None:
         cfg = model.config
@@ -207,9 +211,41 @@ class Decoder:
             hidden = hidden + self.linear(self.gated(self.linear(x, w.gate_up), self.act), w.down)
         return self.linear(self._rms(hidden, self.norm), self.lm_head).float()
 
+    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor, cache, keep) -> torch.Tensor:
+        """The eager forward of a packed row (forward.py): (1, T) ids at (1, T) logical positions,
+        computed as transformers' modules compute them, with the sessions' caches behind `cache`
+        (a `PackedCache`: its `update` writes each chunk's K/V, `record_queries` hands the policies
+        their queries, `attend` attends each session as the attention hook would). (1, rows, vocab)
+        logits of the rows `keep` names: an int n, the last n (0: all), or a tensor of indices. Its
+        norms, RoPE and activation stay uncompiled (`compile_parts` is for the step's fixed shapes;
+        a prefill's length varies)."""
+        t, eps = ids.shape[1], self.eps
+        h_q, h_kv, d = self.n_heads, self.n_kv_heads, self.head_dim
+        q_size, kv_size = h_q * d, h_kv * d
+        hidden = F.embedding(ids, self.embed)
+        cos, sin = self.rotary(hidden, position_ids)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (1, 1, T, D): over the heads
+        for li, w in enumerate(self.layers):
+            x = rms_norm(hidden, w.ln1, eps)
+            q, k, v = self.linear(x, w.qkv, w.qkv_bias).split((q_size, kv_size, kv_size), dim=-1)
+            q, k, v = q.view(1, t, h_q, d), k.view(1, t, h_kv, d), v.view(1, t, h_kv, d)
+            if w.q_norm is not None:
+                q, k = rms_norm(q, w.q_norm, eps), rms_norm(k, w.k_norm, eps)
+            q, k = rope(q.transpose(1, 2), cos, sin), rope(k.transpose(1, 2), cos, sin)
+            key, value = cache.update(k, v.transpose(1, 2), li)
+            cache.record_queries(li, q)
+            out = cache.attend(li, q, key, value, self.scaling)  # (1, T, H_q, D)
+            hidden = hidden + self.linear(out.reshape(1, t, q_size), w.o, w.o_bias)
+            x = rms_norm(hidden, w.ln2, eps)
+            hidden = hidden + self.linear(gated(self.linear(x, w.gate_up), self.act), w.down)
+        if not isinstance(keep, int) or keep:  # 0: every row
+            hidden = hidden[:, -keep:] if isinstance(keep, int) else hidden[:, keep]
+        return self.linear(rms_norm(hidden, self.norm, eps), self.lm_head)
+
 
 def decoder_for(model, scaling: float) -> Decoder | None:
-    """The static decoder of `model`, or None where its architecture has none (eager decode)."""
+    """The decoder of `model`, or None where its architecture is not the Llama family's (then
+    transformers' modules run every forward, and decode has no static step)."""
     cfg = model.config
     if getattr(cfg, "model_type", None) not in SUPPORTED:
         return None

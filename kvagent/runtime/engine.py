@@ -73,14 +73,20 @@ class Engine:
         self._pools_lock = threading.Lock()
         self._plans: OrderedDict[str, CachePlan] = OrderedDict()  # `plan`'s, the newest last
         self._plans_lock = threading.Lock()
-        # The static decoder (built only where a static mode runs) fuses q/k/v and gate/up, so it is
-        # built before the weights are packed.
-        decoder = decoder_for(model, self.scaling) if execution.decode_step != "eager" else None
-        # CPU matmuls over oneDNN-packed weights (linear.py): the modules' and the static step's.
+        # The one model path (decoder.py) where the architecture has one: every forward, the static
+        # step and the eager packed row alike; transformers' modules only for other architectures.
+        # It fuses q/k/v and gate/up, so it is built before the weights are packed.
+        self.decoder = decoder_for(model, self.scaling)
+        # CPU matmuls over oneDNN-packed weights (linear.py): the decoder's own (its `packed` twin),
+        # or the modules' where there is no decoder.
         self.packs = execution.packs
-        packing.install(model, self.packs)
+        packing.install(model, self.packs if self.decoder is None else None)
+        self.model_path = None  # None: transformers' modules
+        if self.decoder is not None:
+            self.decoder.set_attention(execution.attention, execution.device)
+            self.model_path = self.decoder if self.packs is None else self.decoder.packed(self.packs)
         # The static decode step (step.py): its mode, and None where the architecture has none.
-        self.step_runner = StepRunner(self, decoder=decoder)
+        self.step_runner = StepRunner(self)
 
     @classmethod
     def load(
@@ -205,7 +211,7 @@ class Engine:
         sessions). The blocks in use are prepared for the new mode now (captures, compiles), and
         lose the old mode's batches and graphs."""
         self.execution = self.execution.with_decode_step(mode)
-        runner = StepRunner(self, decoder=self.step_runner.plain)
+        runner = StepRunner(self)
         with self._pools_lock:
             pools = list(self.pools.values())
         for pool in pools:
@@ -214,6 +220,12 @@ class Engine:
                     del block.batches[key]
                 runner.prepare(pool, block)
         self.step_runner = runner
+
+    def set_step_attention(self, backend: str, kv_chunk: int | None = None) -> None:
+        """The static step's attention backend (attention_step.py: auto, split, sdpa) for this
+        engine's decoders, plain and packed alike (benchmarks and tests compare backends)."""
+        for decoder in {id(d): d for d in (self.decoder, self.model_path) if d is not None}.values():
+            decoder.set_attention(backend, self.device, kv_chunk)
 
     def close(self) -> None:
         """Stop the scheduler thread (batching engines); sessions of this engine stop working."""

@@ -217,20 +217,23 @@ def run_forward(engine, chunks: list[Chunk]) -> int:
         position_ids, to_keep = torch.cat(positions).unsqueeze(0), torch.tensor(keep, device=device)
     cache = _packed_cache(engine.n_layers, engine.backend)
     cache.begin(chunks)
-    token = ACTIVE_CACHE.set(cache)
+    input_ids = torch.tensor([ids], device=device)
     try:
-        out = engine.model(
-            input_ids=torch.tensor([ids], device=device),
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=to_keep,
-        )
+        if engine.model_path is not None:  # the one model path (decoder.py)
+            logits = engine.model_path.forward(input_ids, position_ids, cache, to_keep)
+        else:  # transformers' modules, attending through the hook (attention.py)
+            token = ACTIVE_CACHE.set(cache)
+            try:
+                logits = engine.model(
+                    input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
+                    use_cache=True, logits_to_keep=to_keep,
+                ).logits  # fmt: skip
+            finally:
+                ACTIVE_CACHE.reset(token)
     finally:
-        ACTIVE_CACHE.reset(token)
         cache.chunks = []  # hold no session's cache past its forward
         cache.sizes = []
-    logits = out.logits[0].float()
+    logits = logits[0].float()
     row = 0
     for c in chunks:
         rows = len(c.ids) if c.all_logits else 1

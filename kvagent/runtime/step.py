@@ -40,7 +40,6 @@ from collections import Counter
 import torch
 
 from kvagent.errors import ConfigError
-from kvagent.runtime.decoder import Decoder, decoder_for
 
 MODES = ("auto", "eager", "static", "compiled", "graph")
 
@@ -148,23 +147,14 @@ class StaticBatch:
 class StepRunner:
     """One per engine (and decode mode): plans each forward, prepares each block's static batches."""
 
-    def __init__(self, engine, decoder: Decoder | None = None) -> None:
+    def __init__(self, engine) -> None:
         self.device = engine.device
         self.mode = engine.execution.decode_step  # resolved once (execution.py)
         self.key = next(_RUNNERS)  # a block's batches are per runner (set_decode_step makes another)
-        # Built once per engine where a static mode runs (it fuses the weights); kept, unused, by an
-        # eager runner that replaced a static one.
-        self.plain = decoder
-        if self.plain is None and self.mode != "eager":
-            self.plain = decoder_for(engine.model, engine.scaling)
-            if self.plain is not None:
-                self.plain.set_attention(engine.execution.attention, engine.device)
-        self.enabled = self.mode != "eager" and self.plain is not None
-        # What the step runs: over the engine's packed weights where it packs them (linear.py),
-        # except compiled, which cannot trace a packed weight.
-        packs = getattr(engine, "packs", None)
-        packed = self.enabled and packs is not None and self.mode == "static"
-        self.decoder = self.plain.packed(packs) if packed else self.plain
+        self.enabled = self.mode != "eager" and engine.decoder is not None
+        # What the step runs: the engine's model path (over its packed weights where it packs them,
+        # linear.py), except compiled, which cannot trace a packed weight.
+        self.decoder = engine.model_path if self.mode != "compiled" else engine.decoder
         if self.enabled and self.mode == "graph":
             self.decoder.compile_parts()  # norms, RoPE, activation: one kernel each in the graph
         # One compiled function for every batch: it compiles once per B.

@@ -49,7 +49,8 @@ def _load(base, **kwargs):
 
 def test_a_packed_engine_computes_as_a_plain_one_through_the_packed_op(tiny_engines):
     """Packed: prefill, eager and static decode all run the packed op (and a plain engine never
-    does), with the plain engine's logits within float32 rounding."""
+    does), with the plain engine's logits within float32 rounding. Every forward is the decoder's
+    (the one model path): four fused matmuls a layer and the head, eager or static."""
     base = tiny_engines["qwen3"]
     runs = {}
     for name, kwargs in {
@@ -63,10 +64,9 @@ def test_a_packed_engine_computes_as_a_plain_one_through_the_packed_op(tiny_engi
         runs[name + ":ops"] = {e.key: e.count for e in prof.key_averages()}
         runs[name + ":steps"] = engine.step_runner.steps
     assert PACKED_OP not in runs["plain:ops"] and runs["plain:ops"]["aten::mm"] > 0
-    n_linear = sum(type(m) is nn.Linear for m in base.model.modules())
     assert runs["packed:steps"] >= 60 and runs["packed-eager:steps"] == 0
-    n_step = 4 * base.n_layers + 1  # the static step's: q/k/v, o, gate/up, down per layer, the head
-    for name, least in (("packed", 60 * n_step), ("packed-eager", 62 * n_linear)):
+    n_step = 4 * base.n_layers + 1  # the decoder's: q/k/v, o, gate/up, down per layer, the head
+    for name, least in (("packed", 62 * n_step), ("packed-eager", 62 * n_step)):
         ops = runs[name + ":ops"]
         assert ops[PACKED_OP] >= least  # every matmul of every forward
         assert "aten::mm" not in ops and "aten::addmm" not in ops
@@ -76,17 +76,23 @@ def test_a_packed_engine_computes_as_a_plain_one_through_the_packed_op(tiny_engi
 
 def test_auto_packs_the_weights_big_enough_to_pay(qwen3_tokenizer):
     """auto: float32 weights of MIN_ELEMENTS or more (a 512-wide model's q/o/MLP/head), not the
-    small k/v projections; the static step's fused q/k/v and gate/up too."""
+    small k/v projections. An engine packs its model path's weights (the decoder's fused q/k/v and
+    gate/up, o, down, the head) and leaves the modules plain (they run only for architectures
+    without a decoder, which `install` packs: the same threshold)."""
     from kvagent.runtime.models import tiny_random_model
 
     model = tiny_random_model("qwen3", vocab_size=512, hidden_size=512, intermediate_size=1024, head_dim=64,
                               num_attention_heads=8, num_key_value_heads=2)  # fmt: skip
     engine = Engine.load(model, tokenizer=qwen3_tokenizer, device="cpu")
+    assert not any("forward" in m.__dict__ for m in model.modules())  # the modules stay plain
+    layer = engine.model_path.layers[0]
+    assert engine.step_runner.decoder is engine.model_path
+    assert layer.qkv.is_mkldnn and layer.gate_up.is_mkldnn and layer.down.is_mkldnn and layer.o.is_mkldnn
+    assert engine.model_path.lm_head.is_mkldnn and not engine.decoder.layers[0].qkv.is_mkldnn
+    linear.install(model, engine.packs)  # the fallback's modules, as for an architecture without one
     packed = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if "forward" in m.__dict__}
     assert packed == {"q_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
     assert model.model.layers[0].self_attn.k_proj.weight.numel() < linear.MIN_ELEMENTS
-    layer = engine.step_runner.decoder.layers[0]
-    assert layer.qkv.is_mkldnn and layer.gate_up.is_mkldnn and layer.down.is_mkldnn
 
 
 def test_packs_leave_small_weights_plain():

@@ -32,7 +32,7 @@ def _pair(tiny_engines, kind="qwen3", max_batch=1, attention="auto"):
             model, tokenizer=base.tokenizer, device="cpu", decode_step=mode, max_batch=max_batch
         )
     static = out["static"]
-    static.step_runner.plain.set_attention(attention, static.device, kv_chunk=8)
+    static.set_step_attention(attention, kv_chunk=8)
     static.set_decode_step("static")  # its step (the packed twin) made again with that backend
     assert static.step_runner.decoder.attention == ("sdpa" if attention == "auto" else attention)
     return out
