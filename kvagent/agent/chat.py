@@ -7,7 +7,7 @@ the last reply, so the live cache (and its evictions) spans the whole chat. A st
 tokens in the stream: interrupting a forward pass half-way would leave some layers of the cache
 holding a token that the others (and the history) lack, so `interrupt()` only sets a flag that
 generation checks after each token. What is shown and how keys are read is the caller's (the
-terminal chat of `kvagent.cli.chat`): text arrives through `on_text`, events through `on_event`."""
+terminal chat of `kvagent.cli.chat.run`): text arrives through `on_text`, events through `on_event`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The `kvagent` command line: every command and its options, declared with the shared option set
-of `settings.py` (bad input: one line, exit 2, by `exits.py`): the top-level commands here, the `images` and `bench`
-groups in `app_images.py` and `app_bench.py`. Each body lives in the module of the same name."""
+"""The `kvagent` command line: the root command and every command registered on it, declared with the
+shared option set of `settings.py` (bad input: one line, exit 2, by `exits.py`). demo, solve and
+clean are declared here (bodies: demo.py, solve.py, clean.py); each family of commands declares its
+own in its sub-package's `commands.py`, beside its body and output: `chat/`, `inspect/`, `eval/`
+(eval, grade, report), `serve/`, and the `images` and `bench` groups."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ from typing import Annotated
 
 import typer
 
-from kvagent.cli.app_bench import bench_app
-from kvagent.cli.app_eval import eval_, grade, report
-from kvagent.cli.app_images import images_app
-from kvagent.cli.app_serve import serve
+from kvagent.cli.bench.commands import bench_app
+from kvagent.cli.chat.commands import chat
+from kvagent.cli.eval.commands import eval_, grade, report
 from kvagent.cli.exits import run_app, user_errors
+from kvagent.cli.images.commands import images_app
+from kvagent.cli.inspect.commands import inspect
+from kvagent.cli.serve.commands import serve
 from kvagent.cli.settings import (
     AGENT,
     AGENT_MODEL,
@@ -66,7 +70,6 @@ def _root(
 
 
 # ----------------------------------------------------------------------------- commands
-@app.command()
 @user_errors
 @cache_options(tokens=["budget"], budget=512)
 @engine_options(model=BENCH_MODEL)
@@ -84,7 +87,6 @@ def demo(
     run_demo(engine, out=out, budget=cache.budget, turns=turns, seed=seed, progress=not quiet)
 
 
-@app.command()
 @user_errors
 @cache_options(ONE_RUN)
 @agent_options(*AGENT)
@@ -114,56 +116,6 @@ def solve(
     )  # fmt: skip
 
 
-@app.command()
-@user_errors
-@cache_options(ONE_RUN)
-@agent_options(*(name for name in AGENT if name != "patch_rule"))
-@engine_options(model=AGENT_MODEL)
-def chat(
-    repo: Annotated[
-        str, typer.Option(help="Local repository (copied; never edited in place); default: this directory.")
-    ] = ".",
-    engine: EngineOptions = FROM_OPTIONS,
-    cache: CacheOptions = FROM_OPTIONS,
-    approval: Annotated[
-        str, typer.Option(help="confirm: a key (y/n/q) before each tool call; yolo: run all.")
-    ] = "confirm",
-    agent: AgentOptions = FROM_OPTIONS,
-    isolation: Isolation = "bwrap",
-    session: Annotated[
-        str | None,
-        typer.Option(
-            help="Save the chat to this file when it ends; if it exists, continue the chat saved there "
-            "(its cache exactly, the agent's edits re-applied)."
-        ),
-    ] = None,
-) -> None:
-    """Interactive agent over a local repository with a bounded cache."""
-    from kvagent.cli.chat import run_chat
-
-    run_chat(
-        repo=repo, engine=engine, approval=approval, isolation=isolation,
-        cache=cache, agent=agent.fixed(seed=cache.seed), session_file=session,
-    )  # fmt: skip
-
-
-@app.command()
-@user_errors
-def inspect(
-    path: Annotated[str, typer.Argument(help="A trajectory (*.traj.json) or a directory of them.")],
-    turn: Annotated[int | None, typer.Option(help="Show only this step, in full.")] = None,
-    full: Annotated[bool, typer.Option("--full", help="Replies and observations untrimmed.")] = False,
-    html: Annotated[
-        str | None, typer.Option(help="Also write one static page (turns, calls, stats, cache plot) here.")
-    ] = None,
-) -> None:
-    """Browse an episode: turns, tool calls, observations and per-turn cache statistics."""
-    from kvagent.cli.inspect import run_inspect
-
-    run_inspect(path, turn=turn, full=full, html=html)
-
-
-@app.command()
 @user_errors
 def clean(
     docker: Annotated[
@@ -176,10 +128,18 @@ def clean(
     run_clean(docker=docker)
 
 
-app.command(name="eval")(eval_)  # the SWE-bench commands are declared in app_eval.py
+# Every command in the order `kvagent --help` lists them. A family of commands declares its own
+# (options beside its body and output, in its sub-package); demo, solve and clean are declared above,
+# their bodies one module each beside this one.
+app.command()(demo)
+app.command()(solve)
+app.command()(chat)
+app.command()(inspect)
+app.command()(clean)
+app.command(name="eval")(eval_)
 app.command()(grade)
 app.command()(report)
-app.command()(serve)  # declared in app_serve.py (its own options)
+app.command()(serve)
 
 
 def main() -> None:

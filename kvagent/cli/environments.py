@@ -1,5 +1,6 @@
-"""Where eval episodes run and are graded: the sandbox openers and graders that `kvagent eval`,
-`kvagent grade` and recipe checks hand to the evals layer."""
+"""Where episodes run and are graded: the sandbox openers and graders that `kvagent eval`,
+`kvagent grade` and recipe checks hand to the evals layer, and where the bench commands' generated
+episodes run their tool calls (`local_sandbox`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ NETWORKS = ("none", "default")
 # --network left out: the scaffold's. R2E-Gym's protocol runs with the network; kvagent's keeps
 # model-written commands off it unless asked.
 NETWORK_BY_SCAFFOLD = {"kvagent": "none", "r2egym": "default"}
+
+
+def local_sandbox(repo: Path) -> Any:
+    """How generated episodes run their tool calls (bench fidelity, study, speed): a local sandbox
+    over a copy of `repo`."""
+    from kvagent.sandbox import open_sandbox
+
+    return open_sandbox("local", repo=repo)
 
 
 def check_isolation(isolation: str) -> str:

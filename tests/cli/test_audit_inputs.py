@@ -37,7 +37,8 @@ def no_model(monkeypatch):
         raise AssertionError("the model was loaded before the mistake was caught")
 
     # Imported first: a module imported while common's is patched would keep the patch as its own.
-    modules = [importlib.import_module(f"kvagent.cli.{m}") for m in ("common", "solve", "eval", "bench")]
+    names = ("common", "solve", "eval.run", "bench.run")
+    modules = [importlib.import_module(f"kvagent.cli.{m}") for m in names]
     for module in modules:
         monkeypatch.setattr(module, "load_engine", load)
 
@@ -159,7 +160,7 @@ def test_a_grid_value_of_the_wrong_kind_names_the_file_and_key(no_model, mini, t
 
 
 def test_a_grid_number_for_a_text_option_is_taken_as_text():
-    from kvagent.cli.eval import typed_grid
+    from kvagent.cli.eval.run import typed_grid
 
     assert typed_grid("g.yaml", {"model": 7, "max_new_tokens": None}, {"model": str, "max_new_tokens": int | None}) == {
         "model": "7", "max_new_tokens": None
@@ -181,7 +182,7 @@ def test_study_options_name_themselves(no_model, args, needles):
 
 def test_study_takes_concurrency_as_eval_does_and_workers_still_works(no_model, monkeypatch):
     seen = {}
-    monkeypatch.setattr("kvagent.cli.bench.run_study_bench", lambda **kw: seen.update(kw))
+    monkeypatch.setattr("kvagent.cli.bench.run.run_study_bench", lambda **kw: seen.update(kw))
     assert invoke(["bench", "study", "--claim", "nexus", "--concurrency", "3"]).exit_code == 0
     assert seen["concurrency"] == 3 and seen["claim"] == "nexus"
     r = invoke(["bench", "study", "--claim", "random", "--workers", "2"])

@@ -35,7 +35,7 @@ def scripted(monkeypatch, qwen3_tokenizer):
     engine = ScriptedEngine(qwen3_tokenizer, lambda config: [SUBMIT])
     engine.n_layers = 2
     # Imported first: a module imported while common's is patched would keep the patch as its own.
-    for module in [importlib.import_module(f"kvagent.cli.{m}") for m in ("common", "solve", "eval")]:
+    for module in [importlib.import_module(f"kvagent.cli.{m}") for m in ("common", "solve", "eval.run")]:
         monkeypatch.setattr(module, "load_engine", lambda *a, **k: engine)
     return engine
 
@@ -45,7 +45,7 @@ def test_a_file_error_is_one_line_and_exit_1(monkeypatch):
     def broken(run_dir):
         raise PermissionError(13, "Permission denied", f"{run_dir}/report.md")
 
-    monkeypatch.setattr("kvagent.cli.report.run_report", broken)
+    monkeypatch.setattr("kvagent.cli.eval.report.run_report", broken)
     r = invoke(["report", "runs/x"])
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert (
@@ -200,7 +200,7 @@ def test_an_interrupted_eval_says_what_is_saved_and_how_to_resume(scripted, tmp_
     def ctrl_c(self, runs, **kw):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("kvagent.cli.eval.EvalRunner.run", ctrl_c)
+    monkeypatch.setattr("kvagent.cli.eval.run.EvalRunner.run", ctrl_c)
     out = tmp_path / "run"
     r = invoke(["eval", "--dataset", dataset, "--env", "local", "--repos", repos, "--isolation", "none",
                 "--no-grade", "--policies", "full", "--modes", "persistent", "--out", out])  # fmt: skip

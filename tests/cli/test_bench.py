@@ -98,7 +98,7 @@ def test_bad_values_give_one_line_and_exit_2(tmp_path, bad, field):
 
 
 def test_an_episode_past_the_models_context_is_refused_before_any_replay(tmp_path, jsonl_file, monkeypatch):
-    import kvagent.cli.bench as bench
+    import kvagent.cli.bench.run as bench
     from kvagent.cli.common import load_engine
 
     def short_context(*args, **kwargs):

@@ -16,15 +16,15 @@ class Reached(Exception):
 
 @pytest.fixture()
 def no_model(monkeypatch):
-    import kvagent.cli.bench
+    import kvagent.cli.bench.run
     import kvagent.cli.common
-    import kvagent.cli.eval
+    import kvagent.cli.eval.run
     import kvagent.cli.solve
 
     def load(*a, **k):
         raise Reached
 
-    for module in (kvagent.cli.common, kvagent.cli.bench, kvagent.cli.eval, kvagent.cli.solve):
+    for module in (kvagent.cli.common, kvagent.cli.bench.run, kvagent.cli.eval.run, kvagent.cli.solve):
         monkeypatch.setattr(module, "load_engine", load)
 
 

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from kvagent.agent import AgentConfig, ChatMLRenderer
 from kvagent.agent.chat import DECLINED, STOPPED_DURING, STOPPED_REPLY
-from kvagent.cli.chat import ChatSession
+from kvagent.cli.chat.run import ChatSession
 from kvagent.errors import ConfigError
 from kvagent.runtime.config import CacheConfig
 from tests.helpers import FIX_MEAN, call

@@ -11,8 +11,8 @@ import pytest
 import torch
 from rich.console import Console
 
-from kvagent.cli.chat import run_chat
-from kvagent.cli.chat_resume import sidecar
+from kvagent.cli.chat.resume import sidecar
+from kvagent.cli.chat.run import run_chat
 from kvagent.cli.settings import EngineOptions
 from kvagent.errors import ConfigError
 from kvagent.testing import git_repo

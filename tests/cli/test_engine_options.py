@@ -98,7 +98,7 @@ def test_the_help_says_what_each_mode_is():
 def ray_setup(monkeypatch, mini, tmp_path, *extra, env="local"):
     """`eval --ray auto` as far as building its actors' EngineSetup (no Ray: a stand-in cluster); its
     arguments."""
-    import kvagent.cli.eval_ray as eval_ray
+    import kvagent.cli.eval.ray as eval_ray
 
     class Cluster:
         def cluster_resources(self):
@@ -123,7 +123,7 @@ def test_eval_ray_hands_its_actors_the_decode_step(monkeypatch, mini, tmp_path):
 
 
 def test_an_actor_loads_its_engine_with_the_decode_step(recorded, tmp_path):
-    from kvagent.cli.eval_ray import EngineSetup
+    from kvagent.cli.eval.ray import EngineSetup
 
     with pytest.raises(Loaded) as got:
         EngineSetup(

@@ -46,7 +46,7 @@ def engine(monkeypatch, qwen3_tokenizer):
         eng.loads.append(kw)
         return eng
 
-    monkeypatch.setattr("kvagent.cli.eval.load_engine", load)
+    monkeypatch.setattr("kvagent.cli.eval.run.load_engine", load)
     return eng
 
 
@@ -181,7 +181,7 @@ def test_concurrency_loads_one_batched_engine_and_records_every_run_once(mini, e
 def test_the_live_table_counts_errors_apart_and_shows_an_eta():
     from rich.console import Console
 
-    from kvagent.cli.eval import EvalTable
+    from kvagent.cli.eval.run import EvalTable
     from kvagent.evals.runner import plan_runs
 
     specs = plan_runs(["a", "b", "c"], ["random"], ["persistent"], [4096], [0])

@@ -136,7 +136,7 @@ def test_an_unknown_model_name_fails_at_once_when_the_hub_is_unreachable(monkeyp
 @pytest.fixture()
 def engine(monkeypatch, qwen3_tokenizer):
     eng = ScriptedEngine(qwen3_tokenizer, lambda config: [SUBMIT])
-    monkeypatch.setattr("kvagent.cli.eval.load_engine", lambda engine, **kw: eng)
+    monkeypatch.setattr("kvagent.cli.eval.run.load_engine", lambda engine, **kw: eng)
     return eng
 
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from kvagent.agent import AgentConfig
 from kvagent.agent.solve import solve_episode
 from kvagent.cli.app import app
-from kvagent.cli.inspect import run_inspect
+from kvagent.cli.inspect.run import run_inspect
 from kvagent.runtime import CacheConfig
 from kvagent.testing import FakeStats, ScriptedSession
 from tests.helpers import FIX_MEAN, call
@@ -147,7 +147,7 @@ def test_cli_inspect_and_its_errors(trajectory, tmp_path):
 def test_the_header_says_how_the_forwards_ran(tmp_path):
     """A session's stats count its forwards by route ("static", or why eager: runtime/step.py); the
     header shows the last turn's counts, the most first."""
-    from kvagent.cli.episode_view import summary
+    from kvagent.cli.inspect.view import summary
 
     turns = [
         {"step": 1, "reply": "a", "cache": {"rounds": 0, "forwards": {"prefill": 2, "static": 10}}},

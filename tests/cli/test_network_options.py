@@ -82,7 +82,7 @@ def test_eval_ray_refuses_a_network_its_sandboxes_cannot_have_in_one_line(
 
 def test_the_actor_opens_docker_sandboxes_with_the_network(monkeypatch):
     from kvagent.cli import environments
-    from kvagent.cli.eval_ray import EngineSetup
+    from kvagent.cli.eval.ray import EngineSetup
     from kvagent.runtime import Engine
 
     opened = []
@@ -97,7 +97,7 @@ def test_the_actor_opens_docker_sandboxes_with_the_network(monkeypatch):
 
     monkeypatch.setattr(Engine, "load", lambda *a, **k: object())
     monkeypatch.setattr("kvagent.evals.preflight.check_grid", lambda *a: None)
-    monkeypatch.setattr("kvagent.cli.eval_ray.EvalRunner", runner)
+    monkeypatch.setattr("kvagent.cli.eval.ray.EvalRunner", runner)
     for network in (True, False):
         with pytest.raises(Built):
             EngineSetup(EngineOptions(model="m"), {}, "docker", network=network)()

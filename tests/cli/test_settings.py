@@ -40,7 +40,9 @@ def test_no_command_declares_a_shared_setting_itself():
         f.name for f in (*settings.AGENT.values(), *settings.ENGINE.values())
     }
     found = []
-    for path in sorted((PKG / "cli").glob("app*.py")):
+    declarations = [PKG / "cli" / "app.py", *sorted((PKG / "cli").glob("*/commands.py"))]
+    assert len(declarations) == 7, declarations  # app.py and each family's commands.py
+    for path in declarations:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.FunctionDef) and any(
                 isinstance(d, ast.Call | ast.Name | ast.Attribute) for d in node.decorator_list

@@ -328,8 +328,8 @@ def test_solve_streams_replies_and_a_status_line_per_step_while_generating(
 def test_chat_repo_defaults_to_the_current_directory(monkeypatch, repo):
     from typer.testing import CliRunner
 
-    from kvagent.cli import chat
     from kvagent.cli.app import app
+    from kvagent.cli.chat import run as chat
 
     seen = {}
     monkeypatch.setattr(chat, "run_chat", lambda **kw: seen.update(kw))

@@ -65,7 +65,8 @@ def test_solve_uses_the_scaffolds_stop_rule(scaffold, repo, tmp_path, tokenizer,
 
 @pytest.mark.parametrize("scaffold", ["kvagent", "r2egym"])
 def test_chat_uses_the_scaffolds_stop_rule(scaffold, repo, tokenizer, monkeypatch):
-    from kvagent.cli import chat, common
+    from kvagent.cli import common
+    from kvagent.cli.chat import run as chat
 
     engine = RecordingEngine(tokenizer)
     monkeypatch.setattr(common, "load_engine", lambda *a, **k: engine)

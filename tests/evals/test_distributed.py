@@ -57,7 +57,7 @@ def test_a_runs_files_travel_into_the_run_directory_and_never_out_of_it(tmp_path
 def test_live_table_shows_progress_per_engine():
     from rich.console import Console
 
-    from kvagent.cli.eval_ray import EngineTable
+    from kvagent.cli.eval.ray import EngineTable
 
     runs = plan_runs(["a", "b"], ["random"], ["persistent"], [2048], [0])
     table = EngineTable(runs, {}, engines=2)
@@ -81,7 +81,7 @@ def test_live_table_shows_progress_per_engine():
 
 
 def test_ray_option_without_ray_installed_says_how_to_install_it(monkeypatch):
-    from kvagent.cli.eval_ray import init_ray
+    from kvagent.cli.eval.ray import init_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
     with pytest.raises(ConfigError, match=r"pip install 'kvagent\[ray\]'"):
@@ -176,7 +176,7 @@ class KillOnce:
 
 @pytest.mark.slow
 def test_two_actors_record_every_run_once_redo_a_killed_actors_run_and_resume(tmp_path, fixture_set, cluster):
-    from kvagent.cli.eval_ray import EngineSetup, NodeCheck
+    from kvagent.cli.eval.ray import EngineSetup, NodeCheck
 
     instances, repos = fixture_set
     instances = instances[:1]
@@ -230,7 +230,7 @@ def test_two_actors_record_every_run_once_redo_a_killed_actors_run_and_resume(tm
 def test_a_killed_actor_restarted_by_ray_reloads_its_engine_and_redoes_the_run(
     tmp_path, fixture_set, cluster
 ):
-    from kvagent.cli.eval_ray import EngineSetup
+    from kvagent.cli.eval.ray import EngineSetup
 
     instances, repos = fixture_set
     by_id = {instances[0].instance_id: instances[0]}
@@ -255,7 +255,7 @@ def test_a_killed_actor_restarted_by_ray_reloads_its_engine_and_redoes_the_run(
 
 @pytest.mark.slow
 def test_missing_images_on_a_node_fail_before_the_first_run(tmp_path, fixture_set, cluster):
-    from kvagent.cli.eval_ray import EngineSetup, NodeCheck
+    from kvagent.cli.eval.ray import EngineSetup, NodeCheck
     from tests.helpers import require_docker
 
     require_docker()  # the node check asks Docker which images it holds

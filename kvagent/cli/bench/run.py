@@ -6,16 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvagent.cli.common import check_out_dir, load_engine, resume_hint
+from kvagent.cli.environments import local_sandbox
 from kvagent.cli.settings import CacheOptions, EngineOptions
 from kvagent.errors import ConfigError
 from kvagent.options import parse_budgets, parse_policy_args, split_list
-
-
-def local_sandbox(repo: Path):
-    """How generated episodes run their tool calls: a local sandbox over a copy of `repo`."""
-    from kvagent.sandbox import open_sandbox
-
-    return open_sandbox("local", repo=repo)
 
 
 def _setting_value(name: str, text: str):
@@ -158,8 +152,8 @@ def run_study_bench(
     from kvagent.bench.study.verdicts import analyse
     from kvagent.cli.ui import Bars, print_markdown
 
-    if claim in SEGMENT_DESIGNS:  # the third claim's designs: their own runs and analysis (bench_segments.py)
-        from kvagent.cli.bench_segments import run_segments_bench
+    if claim in SEGMENT_DESIGNS:  # the third claim's designs: their own runs and analysis (segments.py)
+        from kvagent.cli.bench.segments import run_segments_bench
 
         return run_segments_bench(engine=engine, episodes=episodes, out=out, quiet=quiet, report_only=report_only,
                                   claim=claim)  # fmt: skip

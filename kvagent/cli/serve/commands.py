@@ -1,5 +1,5 @@
 """The `serve` command's declaration: the cache options every command shares, and the server's own
-(batching, memory, queue, address, drain). Registered by app.py; the body is serve.py."""
+(batching, memory, queue, address, drain). Registered by app.py; the body is run.py."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def serve(
     ] = "info",
 ) -> None:
     """OpenAI-compatible server whose conversations each keep one live, evicted cache (kvagent\\[serve])."""
-    from kvagent.cli.serve import run_serve
+    from kvagent.cli.serve.run import run_serve
 
     run_serve(
         engine=engine, max_batch=max_batch, kv_memory=kv_memory, host=host, port=port, max_queue=max_queue,

@@ -10,7 +10,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from kvagent.cli.episode_view import (
+from kvagent.cli.inspect.view import (
     STAT_HEADERS,
     episode_turns,
     num,

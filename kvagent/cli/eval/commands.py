@@ -1,6 +1,6 @@
 """The SWE-bench commands' declarations: `eval` (the sweep, locally or on Ray, with its grid file),
-`grade` (a predictions file) and `report` (a run directory). Registered by app.py; each body lives
-in the cli module of the same name."""
+`grade` (a predictions file) and `report` (a run directory). Registered by app.py; the bodies: run.py
+(eval; ray.py under --ray), grade.py, report.py."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _grid_file(ctx: typer.Context, value: str | None) -> str | None:
     if value:
         import typing
 
-        from kvagent.cli.eval import grid_defaults, typed_grid
+        from kvagent.cli.eval.run import grid_defaults, typed_grid
         from kvagent.errors import KvagentError
 
         try:
@@ -106,7 +106,7 @@ def eval_(
         fail("--isolation none is not available with --ray; Ray workers always use bwrap")
     if ray is None and (engines is not None or image_registry is not None):
         fail("--engines and --image-registry need --ray (e.g. --ray auto)")
-    from kvagent.cli.eval import EvalOptions, EvalSweep
+    from kvagent.cli.eval.run import EvalOptions, EvalSweep
 
     # The options as given, recorded as OUT/grid.yaml (`--config` reads it back).
     grid = {
@@ -124,11 +124,11 @@ def eval_(
         engine, sweep, env, repos, grade, isolation, network, grid, ray, engines, image_registry
     )
     if ray is not None:  # the same sweep on Ray actors; without --ray, Ray is never imported
-        from kvagent.cli.eval_ray import run_eval_ray
+        from kvagent.cli.eval.ray import run_eval_ray
 
         run_eval_ray(options)
     else:
-        from kvagent.cli.eval import run_eval
+        from kvagent.cli.eval.run import run_eval
 
         run_eval(options)
 
@@ -151,7 +151,7 @@ def grade(
     ] = None,
 ) -> None:
     """Grade a predictions file against its SWE-bench instances."""
-    from kvagent.cli.grade import run_grade
+    from kvagent.cli.eval.grade import run_grade
 
     run_grade(
         predictions, dataset, split=split, instances=instances, out=out, timeout=timeout, harness=harness,
@@ -162,6 +162,6 @@ def grade(
 @user_errors
 def report(run_dir: Annotated[str, typer.Argument(help="A `kvagent eval` run directory.")]) -> None:
     """Resolved / Pass@1 tables, CIs and plots for a run directory."""
-    from kvagent.cli.report import run_report
+    from kvagent.cli.eval.report import run_report
 
     run_report(run_dir)

@@ -24,7 +24,7 @@ from kvagent.evals.datasets import Instance
 from kvagent.evals.runner import EvalRun, EvalRunner
 
 if TYPE_CHECKING:  # the workers never import the command's planning
-    from kvagent.cli.eval import EvalOptions
+    from kvagent.cli.eval.run import EvalOptions
 
 
 @dataclass
@@ -82,7 +82,7 @@ class NodeCheck:
             for inst in self.instances:
                 environments.local_repo(Path(self.repos or ""), inst)
             return
-        from kvagent.cli.eval import check_images
+        from kvagent.cli.eval.run import check_images
         from kvagent.evals.images import instance_image_tag
         from kvagent.sandbox.images import image_exists
 
@@ -195,11 +195,11 @@ def init_ray(address: str) -> tuple[Any, bool]:
 
 
 def run_eval_ray(options: EvalOptions, console: Console | None = None) -> dict[str, Any]:
-    """`kvagent eval`'s planning, checks, records and report (kvagent.cli.eval), its episodes on Ray
+    """`kvagent eval`'s planning, checks, records and report (kvagent.cli.eval.run), its episodes on Ray
     (`options.ray`: the cluster's address, `options.engines` actors)."""
     from kvagent.cli import environments
     from kvagent.cli.common import check_out_dir
-    from kvagent.cli.eval import finish_eval, plan_eval, write_grid
+    from kvagent.cli.eval.run import finish_eval, plan_eval, write_grid
     from kvagent.evals.distributed import RayExecutor
 
     o = options

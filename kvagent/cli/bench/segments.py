@@ -14,7 +14,7 @@ def run_segments_bench(*, engine, episodes, out, quiet, report_only=False, claim
     from kvagent.bench.sources import load_episodes
     from kvagent.bench.stream import build_stream
     from kvagent.bench.study import segments as sg
-    from kvagent.cli.bench import local_sandbox
+    from kvagent.cli.environments import local_sandbox
     from kvagent.cli.ui import Bars, print_markdown
     from kvagent.errors import ConfigError
     from kvagent.fileio import atomic_write_json, atomic_write_text

@@ -1,4 +1,5 @@
-"""`kvagent bench fidelity|study|speed|serve|episodes`: declarations of the benchmark commands (bodies: bench.py, bench_serve.py, bench_episodes.py)."""
+"""`kvagent bench fidelity|study|speed|serve|episodes`: declarations of the benchmark commands (bodies:
+run.py, segments.py, serve.py, episodes.py)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def bench_fidelity(
     reuse_prefix: ReusePrefix = True,
 ) -> None:
     """Replay agent episodes under each policy and compare with the full cache."""
-    from kvagent.cli.bench import run_fidelity_bench
+    from kvagent.cli.bench.run import run_fidelity_bench
 
     run_fidelity_bench(
         engine=engine, cache=cache, episodes=episodes, out=out, max_tokens=max_tokens, quiet=quiet,
@@ -124,13 +125,13 @@ def bench_study(
 ) -> None:
     """The study: one seed paper's claim under its own conditions, a design fixed in advance (episodes,
     budgets, framework, arms, margin, tests, Holm), with CIs and a verdict (see docs/study.md)."""
-    from kvagent.cli.bench import run_study_bench
+    from kvagent.cli.bench.run import run_study_bench
 
     if workers is not None:  # the name `eval` calls --concurrency
         typer.echo("kvagent: --workers is deprecated; use --concurrency", err=True)
         concurrency = workers
     if claim == "segments":  # the third claim has its own design and analysis (bench/study/segments.py)
-        from kvagent.cli.bench_segments import run_segments_bench
+        from kvagent.cli.bench.segments import run_segments_bench
 
         run_segments_bench(engine=engine, episodes=episodes, out=out, quiet=quiet, report_only=report_only)
         return
@@ -163,7 +164,7 @@ def bench_speed(
     quiet: Quiet = False,
 ) -> None:
     """Decode latency, eviction-round cost and KV memory per policy."""
-    from kvagent.cli.bench import run_speed_bench
+    from kvagent.cli.bench.run import run_speed_bench
 
     run_speed_bench(
         engine=engine, policies=cache.policies, lengths=lengths, budget=cache.budget, buffer=cache.buffer,
@@ -221,7 +222,7 @@ def bench_serve(
 ) -> None:
     """Replay agent trajectories as concurrent multi-turn conversations against OpenAI-compatible
     servers (kvagent serve, vLLM): output tokens/s, TTFT, prompt tokens continued, KV memory."""
-    from kvagent.cli.bench_serve import run_serve_bench
+    from kvagent.cli.bench.serve import run_serve_bench
 
     run_serve_bench(
         urls=url, episodes=episodes, concurrency=concurrency, conversations=conversations, turns=turns,
@@ -267,7 +268,7 @@ def episodes_build(
 
     A record whose sha256 differs from the manifest's is refused in one line (the record, expected,
     got, the fix) and nothing is written."""
-    from kvagent.cli.bench_episodes import run_build
+    from kvagent.cli.bench.episodes import run_build
 
     run_build(source=source, out=out, ids=ids, manifest=manifest)
 
@@ -283,6 +284,6 @@ def episodes_check(
     ] = None,
 ) -> None:
     """Check an existing episode file against the manifest, record by record (sha256)."""
-    from kvagent.cli.bench_episodes import run_check
+    from kvagent.cli.bench.episodes import run_check
 
     run_check(file=file, manifest=manifest)

@@ -1,6 +1,6 @@
 """`kvagent inspect`: an episode's turns, tool calls, observations and per-turn cache statistics in the
 terminal (a directory: one row per episode); `--html` writes the same as one static page with a plot
-of the cache over the episode (kvagent.cli.inspect_html)."""
+of the cache over the episode (kvagent.cli.inspect.page)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kvagent.cli.episode_view import (
+from kvagent.cli.inspect.view import (
     STAT_HEADERS,
     episode_turns,
     load_episodes,
@@ -144,7 +144,7 @@ def run_inspect(
         console.print(index_table(episodes, Path(path).expanduser()))
         console.print(Text("kvagent inspect FILE shows one episode's turns", style="dim"))
     if html:
-        from kvagent.cli.inspect_html import write_html
+        from kvagent.cli.inspect.page import write_html
 
         target = write_html(html, episodes)
         console.print(f"html: {target}")

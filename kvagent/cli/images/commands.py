@@ -1,5 +1,4 @@
-"""`kvagent images base|build|check`: the image commands' declarations (bodies: images.py,
-images_check.py)."""
+"""`kvagent images base|build|check`: the image commands' declarations (bodies: build.py, check.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ def images_base(
     ] = "bookworm",
 ) -> None:
     """Build a registry-free base image (debootstrap + docker import)."""
-    from kvagent.cli.images import run_images_base
+    from kvagent.cli.images.build import run_images_base
 
     # --rebuild, as `images build` and `images check` spell it; --force still works.
     run_images_base(tag=tag, force=rebuild or force, suite=suite)
@@ -52,7 +51,7 @@ def images_build(
     rebuild: Annotated[bool, typer.Option(help="Rebuild existing images.")] = False,
 ) -> None:
     """Build runnable SWE-bench instance images offline (base rootfs + sdist + pinned wheels)."""
-    from kvagent.cli.images import run_images_build
+    from kvagent.cli.images.build import run_images_build
 
     run_images_build(instances=instances, dataset=dataset, split=split, recipes=recipes, rebuild=rebuild)
 
@@ -69,7 +68,7 @@ def images_check(
     timeout: Annotated[int, typer.Option(help="Seconds per test run.")] = 1800,
 ) -> None:
     """Is each recipe good? Builds, FAIL_TO_PASS fail before gold, empty patch fails, gold resolves."""
-    from kvagent.cli.images_check import run_images_check
+    from kvagent.cli.images.check import run_images_check
 
     run_images_check(instances=instances, dataset=dataset, split=split, recipes=recipes, rebuild=rebuild,
                      out=out, timeout=timeout)  # fmt: skip

@@ -338,8 +338,9 @@ def run_chat(
 ) -> ChatSession:
     """`kvagent chat`: validate, load the model, copy the repository (default: the current directory)
     into a sandbox, then chat. With `session_file`, a chat saved there continues (its cache config
-    is the saved one) and the chat is saved there when it ends (chat_resume.py)."""
-    from kvagent.cli import chat_resume, environments
+    is the saved one) and the chat is saved there when it ends (resume.py)."""
+    from kvagent.cli import environments
+    from kvagent.cli.chat import resume as chat_resume
     from kvagent.cli.common import load_engine, sandbox_workdir
     from kvagent.cli.settings import agent_config_of, cache_config_of
     from kvagent.cli.solve import check_before_sandbox, sandbox_spec

@@ -1,0 +1,2 @@
+"""`kvagent images base|build|check`: `commands.py` declares the group; the bodies: `build.py`
+(base, build), `check.py`."""
