@@ -472,7 +472,9 @@ def markdown(report: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--device", default="cuda")
+    from kvagent.cli.settings import add_arguments  # the commands' --device (no typer needed)
+
+    add_arguments(ap, engine=["device"], device="cuda")
     ap.add_argument("--quick", action="store_true", help="tiny shapes: the same code in seconds")
     ap.add_argument("--layers", type=int, default=None, help="model depth (default: as many as fit)")
     ap.add_argument(
