@@ -120,9 +120,9 @@ def run(args) -> dict:
     for n in args.ns:
         cfgs = [config(args.policy, args.budget, args.buffer, 100 * n + i) for i in range(n)]
         seq = sequential(solo, cfgs, args.prompt, args.steps)
-        f0, r0 = batched.scheduler.forwards, batched.scheduler.rows
+        f0, r0 = batched.batcher.forwards, batched.batcher.rows
         con, sessions = concurrent(batched, cfgs, args.prompt, args.steps)
-        sched = batched.scheduler
+        sched = batched.batcher
         hf = hf_ceiling(ref, n, args.budget + args.buffer // 2, args.hf_steps) if args.ceiling else None
         base_seq = base_seq or seq
         base_hf = base_hf or hf

@@ -11,7 +11,7 @@ thread) and in wall time; the ratio is the median over block pairs. For refactor
 Solo (default): one session per version, the calling thread's CPU time. `--batched N`: each
 version a batching engine (max_batch N) with N sessions stepping at once, one thread each, as a
 server's conversations do; a block's CPU time is the whole process's (the forwards run on the
-engine's scheduler thread; only one version runs at a time), per batch step.
+engine's batcher thread; only one version runs at a time), per batch step.
 
 `--before DIR` holds an older `kvagent/` package (`git archive REV kvagent | tar -x -C DIR`);
 "after" is this checkout's (or `--after DIR`'s). `--before` and `--after` the same is the A/A run
@@ -95,7 +95,7 @@ def together(sessions, tokens) -> None:
 
 def block_times(sessions, tokens, steps: int) -> tuple[float, float]:
     """(CPU ms, wall ms) per step of one timed block: solo, the calling thread's CPU time; batched,
-    the process's (the scheduler thread runs the forwards)."""
+    the process's (the batcher thread runs the forwards)."""
     if len(sessions) == 1:
         t0, c0 = time.perf_counter(), time.thread_time()
         for t in tokens[0]:

@@ -48,7 +48,7 @@ def family(name: str) -> str:
 
 def breakdown(prof, wall_s: float) -> dict:
     """Share of the profiled wall time by op family (self time of the ops on the thread that ran
-    the forwards) and outside any op (Python, the scheduler's waits). Shares, not ms: the profiler
+    the forwards) and outside any op (Python, the batcher's waits). Shares, not ms: the profiler
     itself slows every op down."""
     per = defaultdict(float)
     for e in prof.key_averages():
@@ -135,15 +135,15 @@ def batched(engine, n: int, args, profile: bool) -> dict:
         return run_together([partial(decode, s, steps) for s in sessions])
 
     run(4)
-    sched = engine.scheduler
+    sched = engine.batcher
     f0, r0 = sched.forwards, sched.rows
     wall = run(args.steps)
     forwards = sched.forwards - f0
     out = {"tok_s": n * args.steps / wall, "ms_per_batch_step": wall * 1e3 / args.steps,
            "mean_batch": (sched.rows - r0) / max(1, forwards)}  # fmt: skip
     if profile:
-        # the forwards run on the scheduler's thread: profile there (its own profiler) around the loop
-        from kvagent.runtime import scheduler as sched_mod
+        # the forwards run on the batcher's thread: profile there (its own profiler) around the loop
+        from kvagent.runtime import batcher as sched_mod
 
         real = sched_mod.run_forward
         box: dict = {"prof": None, "t": 0.0}
@@ -164,7 +164,7 @@ def batched(engine, n: int, args, profile: bool) -> dict:
             pw = run(args.steps)
         finally:
             sched_mod.run_forward = real
-        # one more forward so the profiler exits on the scheduler thread
+        # one more forward so the profiler exits on the batcher thread
         done = threading.Event()
 
         def close(eng, chunks):

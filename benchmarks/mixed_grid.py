@@ -76,7 +76,7 @@ def batched(engine, cfgs, eps) -> float:
 
 
 def composition(sched_mod):
-    """Wraps the scheduler's packed forward to record each forward's rows and time; returns
+    """Wraps the batcher's packed forward to record each forward's rows and time; returns
     (restore, summary): how much of the batched wall went to forwards holding a prefill chunk,
     to decode-only forwards (and their mean rows), and to neither (every session busy outside a
     forward: rounds, sampling, bookkeeping)."""
@@ -132,10 +132,10 @@ def main(argv=None) -> dict:
     warm = grid(2, args.budget, args.buffer)
     sequential(solo, warm[:1], eps[:1])
     batched(many, warm, eps[:2])
-    sched = many.scheduler
+    sched = many.batcher
     f0, r0 = sched.forwards, sched.rows
     t_seq = sequential(solo, cfgs, eps) if not args.batched_only else float("nan")
-    from kvagent.runtime import scheduler as sched_mod
+    from kvagent.runtime import batcher as sched_mod
 
     restore, summary = composition(sched_mod)
     try:

@@ -1,4 +1,4 @@
-"""The scheduler's prefill budget, on and off, side by side in one run: N concurrent sessions on
+"""The batcher's prefill budget, on and off, side by side in one run: N concurrent sessions on
 one batching engine, each alternating a prompt append (a tool output of P tokens) and G decoded
 tokens, out of phase (session i decodes i * stagger tokens first), so prompt chunks keep landing
 beside other sessions' decode tokens, as a server's conversations do. Rounds alternate the two
@@ -60,7 +60,7 @@ def conversation(engine, cfg, seed: int, args, stagger: int) -> dict:
 
 
 def one_round(engine, budget: int | None, args, round_index: int) -> dict:
-    engine.scheduler.prefill_budget = budget
+    engine.batcher.prefill_budget = budget
     cfg = CacheConfig(policy=args.policy, budget=args.budget, buffer=args.buffer, protect="sink", seed=1)
     results: list[dict] = [{} for _ in range(args.sessions)]
 

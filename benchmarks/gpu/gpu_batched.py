@@ -70,7 +70,7 @@ def run_n(model, tokenizer, device, dtype, n: int, plan: dict, timeout: float) -
             b.abort()
         for t in threads:
             t.join(timeout=5)
-        engine.close()  # stops the scheduler thread
+        engine.close()  # stops the batcher thread
     kv = [s.stats.total_kv_bytes for s in sessions if s is not None]
     row = {
         "n": n,

@@ -51,7 +51,7 @@ from gpu_clock import Clock  # noqa: E402
 
 from kvagent.fileio import atomic_write_json, atomic_write_text  # noqa: E402
 from kvagent.runtime import CacheConfig, Engine  # noqa: E402
-from kvagent.runtime import scheduler as scheduler_module  # noqa: E402
+from kvagent.runtime import batcher as batcher_module  # noqa: E402
 
 FULL = dict(budget=8192, buffer=128, ns=(1, 8, 32), steps=24, warm=3, policies=("random", "nexus"))
 QUICK = dict(budget=64, buffer=32, ns=(1, 2, 4), steps=12, warm=2, policies=("random", "nexus"))
@@ -81,13 +81,13 @@ def bandwidth(device: torch.device, quick: bool) -> dict:
 
 
 class ForwardTimes:
-    """Per-forward timings of the scheduler's forwards (CUDA events on a GPU, read after the timed
+    """Per-forward timings of the batcher's forwards (CUDA events on a GPU, read after the timed
     window, so timing adds no sync): the number of rows and whether the static step ran."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
         self.records: list[tuple[int, bool, object, object]] = []
-        self.original = scheduler_module.run_forward
+        self.original = batcher_module.run_forward
 
     def __enter__(self):
         cuda = self.engine.device.type == "cuda"
@@ -104,11 +104,11 @@ class ForwardTimes:
             self.records.append((len(chunks), engine.step_runner.steps > steps0, start, end))
             return out
 
-        scheduler_module.run_forward = timed
+        batcher_module.run_forward = timed
         return self
 
     def __exit__(self, *exc) -> None:
-        scheduler_module.run_forward = self.original
+        batcher_module.run_forward = self.original
 
     def summary(self, n: int) -> dict:
         sync(self.engine.device)
@@ -248,7 +248,7 @@ def step_rows(engine, policy: str, plan: dict, modes: dict, clock, report: dict,
                     together(engine, group, plan["warm"], offset=t)  # first use outside the timing
                     t += plan["warm"]
                     rounds0, round_s0 = rounds_of(group)
-                    sched = engine.scheduler
+                    sched = engine.batcher
                     with ForwardTimes(engine) as times:
                         wall = together(engine, group, plan["steps"], offset=t)
                     t += plan["steps"]
@@ -268,7 +268,7 @@ def step_rows(engine, policy: str, plan: dict, modes: dict, clock, report: dict,
                         round_s=round_s1 - round_s0,
                         round_share=(round_s1 - round_s0) / wall,
                         static_steps=engine.step_runner.steps,
-                        scheduler_forwards=sched.forwards if sched else None,
+                        batcher_forwards=sched.forwards if sched else None,
                     )
                     if backend is not None:
                         row["exactness"] = exactness(engine, group, t)
@@ -340,7 +340,7 @@ def profile_n(engine, cfg, plan: dict, n: int, decoder, acts, static_mode: str) 
 
 
 def every_thread():
-    """The forwards run on the scheduler's thread, which a default profile does not see."""
+    """The forwards run on the batcher's thread, which a default profile does not see."""
     try:
         return torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
     except TypeError:  # a torch without the option: the calling threads only (the report says so)

@@ -21,7 +21,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 ATTN_NAME = "kvagent"
 
-# The forward currently running (per thread: the engine's scheduler thread, or a solo session's
+# The forward currently running (per thread: the engine's batcher thread, or a solo session's
 # caller), so attention can record each session's queries and attend each session's cache.
 ACTIVE_CACHE: contextvars.ContextVar = contextvars.ContextVar("kvagent_active_cache", default=None)
 

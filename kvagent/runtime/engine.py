@@ -1,6 +1,6 @@
 """Engine: a loaded model + tokenizer with kvagent's attention registered; makes Sessions.
 
-With `max_batch > 1` the engine owns a scheduler that joins concurrent sessions' forwards (one
+With `max_batch > 1` the engine owns a batcher that joins concurrent sessions' forwards (one
 session per thread) into shared batches, and slot pools that hold evicting sessions' caches.
 """
 
@@ -14,13 +14,13 @@ import torch
 from kvagent.errors import ConfigError
 from kvagent.runtime import attention, execution, models
 from kvagent.runtime import linear as packing
+from kvagent.runtime.batcher import PREFILL_BUDGET, Batcher
 from kvagent.runtime.config import CacheConfig
 from kvagent.runtime.decoder import decoder_for
 from kvagent.runtime.execution import Execution
 from kvagent.runtime.forward import Chunk, run_forward
 from kvagent.runtime.plan import CachePlan
 from kvagent.runtime.pool import Slot, SlotPool
-from kvagent.runtime.scheduler import PREFILL_BUDGET, Scheduler
 from kvagent.runtime.session import Session
 from kvagent.runtime.step import StepRunner
 
@@ -68,7 +68,7 @@ class Engine:
         # What policies may take from the model (BasePolicy.model_args) instead of from the user.
         self.model_facts = {"inv_freq": _rope_inv_freq(model)}
         self.max_batch = max_batch
-        self.scheduler = Scheduler(self, max_batch, prefill_budget=prefill_budget) if max_batch > 1 else None
+        self.batcher = Batcher(self, max_batch, prefill_budget=prefill_budget) if max_batch > 1 else None
         self.pools: dict[tuple, SlotPool] = {}
         self._pools_lock = threading.Lock()
         self._plans: OrderedDict[str, CachePlan] = OrderedDict()  # `plan`'s, the newest last
@@ -104,7 +104,7 @@ class Engine:
         """`model`: a name (smollm2, tiny-random-qwen3, tiny-random-llama), hub id, local dir,
         .gguf file, or a built PreTrainedModel (then pass its tokenizer). `max_batch > 1`: sessions
         driven from different threads share forwards, up to that many per forward, and a forward takes
-        at most `prefill_budget` prompt tokens beside decode tokens (scheduler.py). `decode_step`:
+        at most `prefill_budget` prompt tokens beside decode tokens (batcher.py). `decode_step`:
         how evicting sessions' decode tokens run (step.py: auto, eager, static, compiled, graph).
         `linear`: auto, packed or plain (linear.py: CPU matmuls over oneDNN-packed weights)."""
         from transformers import AutoTokenizer, PreTrainedModel
@@ -164,10 +164,10 @@ class Engine:
     def forward(self, chunk: Chunk) -> None:
         """Run one session's chunk: alone on a solo engine, joined with other sessions' pending
         chunks on a batching one. Either way `forward.run_forward` runs it; sets `chunk.logits`."""
-        if self.scheduler is None:
+        if self.batcher is None:
             run_forward(self, [chunk])
         else:
-            self.scheduler.forward(chunk)
+            self.batcher.forward(chunk)
             if chunk.error is not None:
                 raise chunk.error
 
@@ -228,9 +228,9 @@ class Engine:
             decoder.set_attention(backend, self.device, kv_chunk)
 
     def close(self) -> None:
-        """Stop the scheduler thread (batching engines); sessions of this engine stop working."""
-        if self.scheduler is not None:
-            self.scheduler.close()
+        """Stop the batcher thread (batching engines); sessions of this engine stop working."""
+        if self.batcher is not None:
+            self.batcher.close()
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

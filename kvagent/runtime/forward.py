@@ -1,5 +1,5 @@
 """The one model forward: the chunks of one or more sessions (packed, no padding). A solo
-session's forward is a batch of one; a batching engine's scheduler joins many.
+session's forward is a batch of one; a batching engine's batcher joins many.
 
 The chunks are concatenated into one `(1, T)` row: every linear layer runs over exactly the tokens
 fed, and each token carries its own session's logical position, so RoPE needs no batch dimension.

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from kvagent.errors import ConfigError
+from kvagent.runtime.batcher import in_call
 from kvagent.runtime.budget import check_prompt_fits
 from kvagent.runtime.cache import EvictableCache
 from kvagent.runtime.config import Sampling
@@ -29,7 +30,6 @@ from kvagent.runtime.evictor import DenseSnapshot, Evictor
 from kvagent.runtime.forward import Chunk
 from kvagent.runtime.generation import Generation, Stopping, generate_tokens
 from kvagent.runtime.plan import CachePlan
-from kvagent.runtime.scheduler import scheduled
 from kvagent.runtime.stats import CacheStats
 
 # transformers >= 5.24 renamed `past_key_values` to `cache`; we keep the old name because the GPU
@@ -44,7 +44,7 @@ class SessionEngine(Protocol):
     model: Any
     tokenizer: Any
     device: torch.device
-    scheduler: Any  # scheduler.Scheduler on a batching engine, else None
+    batcher: Any  # batcher.Batcher on a batching engine, else None
     eos_token_ids: set[int]
     model_facts: dict
     n_layers: int
@@ -136,7 +136,7 @@ class Session:
 
         return persist.save(self, path)
 
-    @scheduled
+    @in_call
     def append(self, ids, all_logits: bool = False) -> torch.Tensor:
         """Prefill a chunk of token ids; returns float32 logits of its last token (or of every
         token with `all_logits=True`)."""
@@ -151,7 +151,7 @@ class Session:
             return self._reprefill(ids, all_logits)
         return self._prefill(ids, evict=self.config.evicts, all_logits=all_logits)
 
-    @scheduled
+    @in_call
     def step(self, token_id: int) -> torch.Tensor:
         """Feed one token through the decode path; returns float32 logits (vocab,)."""
         self.evictor.settle()
@@ -163,7 +163,7 @@ class Session:
             self.evictor.evict_due(self.logical_length, self.prompt_length)
         return logits[-1]
 
-    @scheduled
+    @in_call
     def teacher_force(self, ids) -> torch.Tensor:
         """Feed tokens exactly as that many `step` calls would (same logits, same rounds at the same
         points, same keep-sets; never a reprefill), in batched forwards. Returns (n, vocab) logits,
@@ -179,7 +179,7 @@ class Session:
         evict = self.config.evicts and self.config.scope == "prefill+decode"
         return self._prefill(ids, evict=evict, all_logits=True, decode=True)
 
-    @scheduled
+    @in_call
     def generate(
         self,
         max_new_tokens: int,

@@ -80,7 +80,7 @@ class Server:
         self.runner.drain(self.config.drain_timeout)
 
     def state(self) -> dict[str, Any]:
-        sched = self.engine.scheduler
+        sched = self.engine.batcher
         return {
             **self.conversations.snapshot(),
             **self.runner.state(),

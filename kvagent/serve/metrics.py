@@ -21,7 +21,7 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120
 
 class Metrics:
     def __init__(self, state: Callable[[], dict[str, Any]]) -> None:
-        """`state()` -> the live numbers: sessions, kv bytes, queue, scheduler counters (see collect)."""
+        """`state()` -> the live numbers: sessions, kv bytes, queue, batcher counters (see collect)."""
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
             "kvagent_requests",
@@ -117,7 +117,7 @@ class _StateCollector:
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
         yield CounterMetricFamily(
-            "kvagent_batch_forwards", "Packed forwards the scheduler ran.", s["batch_forwards"]
+            "kvagent_batch_forwards", "Packed forwards the batcher ran.", s["batch_forwards"]
         )
         yield CounterMetricFamily(
             "kvagent_batch_rows", "Session chunks those forwards served.", s["batch_rows"]

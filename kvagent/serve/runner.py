@@ -1,5 +1,5 @@
 """Requests run on worker threads, one session per thread, as many at once as the engine batches
-(`max_batch`; its scheduler joins their forwards), behind a bounded queue. A job reports back to
+(`max_batch`; its batcher joins their forwards), behind a bounded queue. A job reports back to
 its HTTP handler through an asyncio queue: `started` once its prompt is in the cache (errors
 before then become a 4xx response), `text` as the reply grows (streaming only), then `done` or
 `error`. Its cancel flag (client gone, shutdown) ends the reply at the next token. The reply is

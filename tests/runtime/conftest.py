@@ -23,7 +23,7 @@ def qwen3_engine(tiny_engines):
 @pytest.fixture(scope="module")
 def batch_engines(tiny_engines):
     """The tiny models again on engines that batch concurrent sessions (max_batch 8), fresh per module
-    so that scheduler counters start at zero there."""
+    so that batcher counters start at zero there."""
     engines = {
         kind: Engine.load(e.model, tokenizer=e.tokenizer, device="cpu", max_batch=8)
         for kind, e in tiny_engines.items()

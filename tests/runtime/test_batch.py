@@ -102,7 +102,7 @@ def test_concurrent_sessions_equal_solo_runs(tiny_engines, batch_engines, kind, 
     solo_engine, engine = tiny_engines[kind], batch_engines[kind]
     cfgs = configs(policy, solo_engine.n_layers)
     alone = run_alone(solo_engine, cfgs, episode)
-    sched = engine.scheduler
+    sched = engine.batcher
     forwards, rows, widest = sched.forwards, sched.rows, sched.widest_run
     sessions, together, records = run_together(engine, cfgs, episode)
     for (s0, r0), s1, r1 in zip(alone, sessions, together, strict=True):
@@ -123,7 +123,7 @@ def test_batched_decode_run_matches_solo_with_unequal_lengths(tiny_engines, batc
     solo_engine, engine = tiny_engines["qwen3"], batch_engines["qwen3"]
     cfgs = [CacheConfig(policy="snapkv", budget=40, buffer=16, protect="sink", seed=i) for i in range(3)]
     alone = run_alone(solo_engine, cfgs, episode)
-    sched = engine.scheduler
+    sched = engine.batcher
     sched.widest_run = 0
     sessions, together, _ = run_together(engine, cfgs, episode, traced=False)
     for (s0, r0), s1, r1 in zip(alone, sessions, together, strict=True):
@@ -155,7 +155,7 @@ def test_slots_are_reused_and_evicting_sessions_live_in_their_slot(batch_engines
 def test_max_batch_must_be_a_positive_int(qwen3_engine):
     with pytest.raises(ConfigError, match="max_batch"):
         Engine.load(qwen3_engine.model, tokenizer=qwen3_engine.tokenizer, device="cpu", max_batch=0)
-    assert qwen3_engine.scheduler is None and qwen3_engine.max_batch == 1
+    assert qwen3_engine.batcher is None and qwen3_engine.max_batch == 1
 
 
 def test_a_failing_forward_reaches_its_caller_and_the_engine_keeps_serving(batch_engines):

@@ -162,7 +162,7 @@ def test_adaptive_sessions_batched_with_others_equal_solo(tiny_engines, batch_en
     for (s0, r0), s1, r1 in zip(alone, sessions, results, strict=True):
         assert_same_logits_and_kept(s0, r0, s1, r1, TOL)
     assert sessions[0].stats.rounds > 1
-    assert engine.scheduler.rows > engine.scheduler.forwards
+    assert engine.batcher.rows > engine.batcher.forwards
 
 
 def test_cli_threads_head_budget_into_the_cache_config():

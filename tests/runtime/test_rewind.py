@@ -237,4 +237,4 @@ def test_batched_rewinding_sessions_equal_solo_runs(tiny_engines, batch_engines)
     for s, rec in zip(sessions, records, strict=True):
         if rec is not None:
             assert check_session_against_oracle(s, rec) < TOL
-    assert engine.scheduler.rows > engine.scheduler.forwards  # forwards were really shared
+    assert engine.batcher.rows > engine.batcher.forwards  # forwards were really shared

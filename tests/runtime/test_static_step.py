@@ -126,7 +126,7 @@ def test_sessions_joining_and_leaving_a_static_batch_equal_eager_solo_runs(tiny_
         t.join()
     batched.close()
     assert not errors, errors
-    assert batched.step_runner.steps > 0 and batched.scheduler.rows > batched.scheduler.forwards
+    assert batched.step_runner.steps > 0 and batched.batcher.rows > batched.batcher.forwards
     for a, b in zip(alone, results, strict=True):
         for x, y in zip(a, b, strict=True):
             torch.testing.assert_close(y, x, atol=1e-5, rtol=1e-5)
@@ -263,7 +263,7 @@ def test_decode_step_modes_are_checked(tiny_engines):
 def test_a_block_and_its_static_batches_are_freed_without_the_garbage_collector(tiny_engines):
     """Once a block's last session is gone the pool drops it, and with it the static batches (and on
     CUDA the graphs) made over it: no reference cycle (a cache and its layers, a runner and its
-    batches) and no scheduler local keeps its slabs alive, so the memory is back before the next
+    batches) and no batcher local keeps its slabs alive, so the memory is back before the next
     session of another budget runs a forward, with the collector off."""
     import gc
     import weakref
@@ -296,7 +296,7 @@ def test_a_block_and_its_static_batches_are_freed_without_the_garbage_collector(
 
 
 def test_a_batching_engines_scheduler_holds_no_finished_forward(tiny_engines):
-    """The scheduler thread keeps no chunk (its cache, its logits) of a forward it has served."""
+    """The batcher thread keeps no chunk (its cache, its logits) of a forward it has served."""
     import gc
     import weakref
 
@@ -355,7 +355,7 @@ def test_a_session_moves_into_a_slot_that_came_free_and_steps_the_same(tiny_engi
         assert torch.equal(x, y)
     # Together in block 0, the two sessions' decode tokens take the static step in every forward.
     b.append(prompt)
-    runner, sched = batched.step_runner, batched.scheduler
+    runner, sched = batched.step_runner, batched.batcher
     steps0, forwards0, rows0 = runner.steps, sched.forwards, sched.rows
     threads = [threading.Thread(target=lambda s=s: [s.step(t) for t in toks[:40]]) for s in (b, c)]
     for th in threads:

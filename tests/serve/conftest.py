@@ -123,7 +123,7 @@ def solo_engine(tiny_model, qwen3_tokenizer):
 
 @pytest.fixture
 def batch_engine(tiny_model, qwen3_tokenizer):
-    """A batching engine of its own (its scheduler's counters start at zero)."""
+    """A batching engine of its own (its batcher's counters start at zero)."""
     from kvagent.runtime import Engine
 
     engine = Engine.load(tiny_model, tokenizer=qwen3_tokenizer, device="cpu", max_batch=8)

@@ -238,7 +238,7 @@ def run_fidelity(
         else:
             # A batched engine's session with a token budget holds a pool slot, which cannot be
             # branched (deep-copied) for the probe's greedy continuation: such runs skip the probe.
-            probe = getattr(engine, "scheduler", None) is None or not isinstance(s.budget, int)
+            probe = getattr(engine, "batcher", None) is None or not isinstance(s.budget, int)
             res = rp.policy_run(
                 engine,
                 stream,

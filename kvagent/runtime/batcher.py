@@ -1,7 +1,7 @@
-"""Continuous batching: the engine's scheduler joins concurrent sessions' forwards into one.
+"""Continuous batching: the engine's batcher joins concurrent sessions' forwards into one.
 
 Each session runs in its caller's thread and does its own bookkeeping and eviction; only the model
-forward is handed over. A calling thread posts a `Chunk` and blocks; the scheduler thread takes
+forward is handed over. A calling thread posts a `Chunk` and blocks; the batcher thread takes
 every pending chunk (up to `max_batch` and a token cap), runs one packed forward (`forward.py`) and
 wakes the callers (`pick` chooses them). With a `prefill_budget`, while decode tokens wait a
 forward takes at most that many prefill tokens beside them (always at least one prefill chunk, so
@@ -32,7 +32,7 @@ MAX_TOKENS = 4096  # tokens per packed forward (bounds activations when many ses
 PREFILL_BUDGET = None  # prefill tokens a forward takes beside decode tokens (None: max_tokens alone)
 
 
-class Scheduler:
+class Batcher:
     def __init__(
         self,
         engine,
@@ -60,7 +60,7 @@ class Scheduler:
 
     @contextlib.contextmanager
     def active(self, session):
-        """Marks a session as inside an API call, so the scheduler waits for its next forward."""
+        """Marks a session as inside an API call, so the batcher waits for its next forward."""
         key = id(session)
         with self._cond:
             self._in_call[key] = self._in_call.get(key, 0) + 1
@@ -80,9 +80,9 @@ class Scheduler:
         done = threading.Event()
         with self._cond:
             if self._closed:
-                raise RuntimeError("engine closed: its scheduler no longer runs forwards")
+                raise RuntimeError("engine closed: its batcher no longer runs forwards")
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="kvagent-scheduler", daemon=True)
+                self._thread = threading.Thread(target=self._loop, name="kvagent-batcher", daemon=True)
                 self._thread.start()
             self._pending.append((time.perf_counter(), chunk, done))
             self._cond.notify_all()
@@ -172,15 +172,15 @@ def _slot_order(c: Chunk):
     return (1, 0, 0, 0) if s is None else (0, id(s.pool), s.block_index, s.index)
 
 
-def scheduled(method):
-    """Session methods that may run forwards: tell the engine's scheduler (if any) we are in one."""
+def in_call(method):
+    """Session methods that may run forwards: tell the engine's batcher (if any) we are in one."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        sched = self.engine.scheduler
-        if sched is None:
+        batcher = self.engine.batcher
+        if batcher is None:
             return method(self, *args, **kwargs)
-        with sched.active(self):
+        with batcher.active(self):
             return method(self, *args, **kwargs)
 
     return wrapper

@@ -1,4 +1,4 @@
-"""The scheduler's choice of a forward's chunks (`scheduler.pick`): the token cap, max_batch and
+"""The batcher's choice of a forward's chunks (`batcher.pick`): the token cap, max_batch and
 the prefill budget."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvagent.errors import ConfigError
-from kvagent.runtime.scheduler import pick
+from kvagent.runtime.batcher import pick
 
 
 def _sizes(sizes: list[int], **kw) -> list[int]:
@@ -74,7 +74,7 @@ def test_a_budgeted_engine_serves_prompts_beside_decoding_sessions_as_a_solo_run
     for t in threads:
         t.join()
     batched.close()
-    assert batched.scheduler.forwards < sum(len(r) for r in together.values())  # forwards were shared
+    assert batched.batcher.forwards < sum(len(r) for r in together.values())  # forwards were shared
     for i in range(3):
         for a, b in zip(solo[i], together[i], strict=True):
             torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
