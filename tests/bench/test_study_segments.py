@@ -128,3 +128,31 @@ def test_a_stopped_segments_study_continues_where_it_stopped(tmp_path, monkeypat
     assert all(r["kv_mean"] < next(f for f in recs if f["policy"] == "full" and not f.get("history")
                                    and f["episode"] == r["episode"])["kv_mean"] for r in masked)  # fmt: skip
     assert {r["budget"] % 32 for r in tokens} == {0}
+
+
+def test_segments_estimate_only_chooses_and_runs_nothing(tmp_path, monkeypatch):
+    """`--estimate-only` names the episodes and the runs each takes and stops: no run, no file (it
+    used to start the whole study); `--concurrency` other than 1 is refused in one line."""
+    from typer.testing import CliRunner
+
+    from kvagent.bench import replay
+    from kvagent.cli.app import app
+
+    monkeypatch.setitem(sg.DESIGNS, "segments", TINY)
+    eps = tmp_path / "eps.jsonl"
+    eps.write_text("".join(json.dumps({"id": f"ep{k}", "messages": messages(k)}) + "\n" for k in range(2)))
+    out = tmp_path / "study"
+    args = ["bench", "study", "--claim", "segments", "--model", "tiny-random-qwen3", "--device", "cpu",
+            "--episodes", str(eps), "--out", str(out), "--quiet"]  # fmt: skip
+    monkeypatch.setattr(replay, "policy_run", lambda *a, **k: pytest.fail("--estimate-only ran a replay"))
+    result = CliRunner().invoke(app, [*args, "--estimate-only"])
+    assert result.exit_code == 0, result.output
+    assert (
+        f"{1 + 2 * (1 + len(TINY.named))} runs each" in result.output
+    )  # the reference too and "no run started" in result.output
+    assert not out.exists()
+    refused = CliRunner().invoke(app, [*args, "--concurrency", "2"])
+    assert (
+        refused.exit_code == 2
+        and "concurrency: the segments design runs one replay at a time" in refused.output
+    )

@@ -85,8 +85,9 @@ def bench_study(
     claim: Annotated[
         str | None,
         typer.Option(
-            help="The pre-registered design to run (docs/study.md), required: random (Random Attention) "
-            "nexus (Nexus Sampling) or segments (observation masking vs token-level eviction at equal KV)."
+            help="The pre-registered design to run (docs/study.md), required: random (Random Attention), "
+            "nexus (Nexus Sampling), segments (observation masking vs token-level eviction at equal KV) "
+            "or segments-replication (the same on held-out episodes, the segments policy an arm too)."
         ),
     ] = None,
     engine: EngineOptions = FROM_OPTIONS,
@@ -130,11 +131,6 @@ def bench_study(
     if workers is not None:  # the name `eval` calls --concurrency
         typer.echo("kvagent: --workers is deprecated; use --concurrency", err=True)
         concurrency = workers
-    if claim == "segments":  # the third claim has its own design and analysis (bench/study/segments.py)
-        from kvagent.cli.bench.segments import run_segments_bench
-
-        run_segments_bench(engine=engine, episodes=episodes, out=out, quiet=quiet, report_only=report_only)
-        return
     run_study_bench(
         claim=claim, engine=engine, episodes=episodes, out=out, concurrency=concurrency,
         estimate_only=estimate_only, report_only=report_only, quiet=quiet, reuse_prefix=reuse_prefix,

@@ -155,8 +155,12 @@ def run_study_bench(
     if claim in SEGMENT_DESIGNS:  # the third claim's designs: their own runs and analysis (segments.py)
         from kvagent.cli.bench.segments import run_segments_bench
 
+        if concurrency != 1:
+            raise ConfigError(
+                f"concurrency: the {claim} design runs one replay at a time; leave --concurrency out"
+            )
         return run_segments_bench(engine=engine, episodes=episodes, out=out, quiet=quiet, report_only=report_only,
-                                  claim=claim)  # fmt: skip
+                                  claim=claim, estimate_only=estimate_only)  # fmt: skip
     claims = [*DESIGNS, *SEGMENT_DESIGNS]
     if claim is None:
         raise ConfigError(f"claim: none given; pass --claim {' or --claim '.join(claims)} (docs/study.md)")

@@ -7,7 +7,11 @@ from __future__ import annotations
 from kvagent.cli.common import check_out_dir, load_engine, resume_hint
 
 
-def run_segments_bench(*, engine, episodes, out, quiet, report_only=False, claim="segments") -> dict:
+def run_segments_bench(
+    *, engine, episodes, out, quiet, report_only=False, claim="segments", estimate_only=False
+) -> dict:
+    """`estimate_only`: choose the episodes and say how many runs they take, then stop (nothing
+    written, no run started)."""
     import json
 
     from kvagent.bench.fidelity import load_records
@@ -44,10 +48,13 @@ def run_segments_bench(*, engine, episodes, out, quiet, report_only=False, claim
             if not picked:
                 raise ConfigError(f"episodes: none of the {len(rows)} is eligible for the {claim} design")
             chosen = [s.name for s in picked]
-            outp.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(selection, {"claim": design.claim, "chosen": chosen, "rows": rows})
             print(f"study {claim}: {len(chosen)} episodes ({', '.join(chosen)}), "
                   f"{len(sg.specs_for(design, picked[0]))} runs each", flush=True)  # fmt: skip
+            if estimate_only:  # its CPU estimate per episode is the design's (docs/study.md)
+                print(f"--estimate-only: no run started; {outp} untouched", flush=True)
+                return {"claim": claim, "chosen": chosen}
+            outp.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(selection, {"claim": design.claim, "chosen": chosen, "rows": rows})
             with resume_hint(outp), Bars(enabled=not quiet) as bars:
                 records = sg.run_segments(eng, picked, design, outp, engine.model, progress=bars)
         finally:
