@@ -82,18 +82,24 @@ def test_no_verdict_before_every_chosen_episode_has_run():
     assert a["verdict"].startswith("none yet")
 
 
-def test_a_stopped_segments_study_continues_where_it_stopped(tmp_path, monkeypatch):
-    from typer.testing import CliRunner
-
-    from kvagent.bench import replay
-    from kvagent.cli.app import app
-
+def _tiny_study(tmp_path, monkeypatch):
+    """The out dir and command line of a `--claim segments` run under the TINY design, two episodes."""
     monkeypatch.setitem(sg.DESIGNS, "segments", TINY)
     eps = tmp_path / "eps.jsonl"
     eps.write_text("".join(json.dumps({"id": f"ep{k}", "messages": messages(k)}) + "\n" for k in range(2)))
     out = tmp_path / "study"
     args = ["bench", "study", "--claim", "segments", "--model", "tiny-random-qwen3", "--device", "cpu",
             "--episodes", str(eps), "--out", str(out), "--quiet"]  # fmt: skip
+    return out, args
+
+
+def test_a_stopped_segments_study_continues_where_it_stopped(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from kvagent.bench import replay
+    from kvagent.cli.app import app
+
+    out, args = _tiny_study(tmp_path, monkeypatch)
     real, calls = replay.policy_run, []
 
     def stopping(*a, **k):
@@ -138,12 +144,7 @@ def test_segments_estimate_only_chooses_and_runs_nothing(tmp_path, monkeypatch):
     from kvagent.bench import replay
     from kvagent.cli.app import app
 
-    monkeypatch.setitem(sg.DESIGNS, "segments", TINY)
-    eps = tmp_path / "eps.jsonl"
-    eps.write_text("".join(json.dumps({"id": f"ep{k}", "messages": messages(k)}) + "\n" for k in range(2)))
-    out = tmp_path / "study"
-    args = ["bench", "study", "--claim", "segments", "--model", "tiny-random-qwen3", "--device", "cpu",
-            "--episodes", str(eps), "--out", str(out), "--quiet"]  # fmt: skip
+    out, args = _tiny_study(tmp_path, monkeypatch)
     monkeypatch.setattr(replay, "policy_run", lambda *a, **k: pytest.fail("--estimate-only ran a replay"))
     result = CliRunner().invoke(app, [*args, "--estimate-only"])
     assert result.exit_code == 0, result.output
