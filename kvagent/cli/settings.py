@@ -146,8 +146,8 @@ ENGINE: dict[str, Form] = {  # Engine.load argument -> its option
                         "Only decode tokens of evicting caches with a token budget take the static step: "
                         "dense caches (--policy full), fractional budgets, adaptive heads and prefill "
                         "chunks always run eager (serve's /metrics counts each eager forward's reason)."),
-    "linear": Form("linear", str, "CPU matmuls: auto (oneDNN's prepacked weights for float32 on a CPU, not "
-                   "under --decode-step compiled) | packed (float32 or bfloat16; holds the weights twice) | "
+    "linear": Form("linear", str, "CPU matmuls: auto (oneDNN's prepacked weights for float32 on a CPU, and "
+                   "bfloat16 on one with bf16 units; not under --decode-step compiled) | packed (float32 or bfloat16; holds the weights twice) | "
                    "plain (torch's F.linear)."),
 }  # fmt: skip
 

@@ -19,9 +19,11 @@ A packed call costs a fixed 25-35 us more than a plain one, so small weights los
 192 x 576 weight takes 48 against 42 us, a 576 x 576 one 85 against 118 us. `auto` packs weights of
 `MIN_ELEMENTS` and more, which leaves tiny test models plain.
 
-Modes: `auto` packs float32 on a CPU with oneDNN (not under the `compiled` decode step); `packed`
-packs every weight, small ones too, and also bfloat16 (it needs AVX-512 or AVX-NE-CONVERT; its
-decode measured once, 0.76x plain's step time on an avx512_bf16 EPYC: docs/benchmarks.md); `plain` is torch's `F.linear`."""
+Modes: `auto` packs float32 on a CPU with oneDNN, and bfloat16 where the CPU has bf16 units
+(avx512_bf16 or AMX: on an avx512_bf16 EPYC packed bf16 took 0.76x plain's time for the static
+step and for a dense decode step, 0.99x for a 512-token prefill: docs/benchmarks.md); never under
+the `compiled` decode step. `packed` packs every weight, small ones too, and bfloat16 on any CPU
+that can (AVX-512 or AVX-NE-CONVERT); `plain` is torch's `F.linear`."""
 
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ def resolve(mode: str, device: torch.device, dtype: torch.dtype, decode_step: st
     if mode not in MODES:
         raise ConfigError(f"linear: got {mode!r}; choose {', '.join(MODES)}")
     usable = device.type == "cpu" and torch.backends.mkldnn.is_available()
-    auto = usable and dtype == torch.float32 and decode_step != "compiled"
+    packs_dtype = dtype == torch.float32 or (dtype == torch.bfloat16 and bf16_units())
+    auto = usable and packs_dtype and decode_step != "compiled"
     if mode == "plain" or (mode == "auto" and not auto):
         return None
     if not usable:
@@ -54,8 +57,17 @@ def resolve(mode: str, device: torch.device, dtype: torch.dtype, decode_step: st
     try:
         pack(torch.zeros(8, 8, dtype=dtype))
     except RuntimeError as e:
+        if mode == "auto":  # a default never fails a run: plain weights then
+            return None
         raise ConfigError(f"linear: this CPU cannot pack {dtype} weights ({e}); use auto or plain") from None
     return Packs(0 if mode == "packed" else MIN_ELEMENTS)
+
+
+def bf16_units() -> bool:
+    """Whether this CPU computes bfloat16 natively (avx512_bf16 or AMX), where `auto` packs bf16."""
+    cpu = torch.cpu
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private in torch 2.13; absent: no
+    return any(getattr(cpu, name, lambda: False)() for name in checks)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

@@ -109,7 +109,8 @@ def test_a_compiled_engine_stays_plain_unless_asked(tiny_engines):
     base = tiny_engines["qwen3"]
     assert _load(base, decode_step="compiled").packs is None  # compiled cannot trace a packed weight
     assert _load(base, decode_step="compiled", linear="packed").packs is not None
-    assert _load(base, dtype="bfloat16").packs is None  # auto: float32 only (bf16 is unmeasured)
+    # auto packs bfloat16 only where the CPU has bf16 units (measured there: docs/benchmarks.md)
+    assert (_load(base, dtype="bfloat16").packs is not None) == linear.bf16_units()
 
 
 def test_install_undoes_itself_and_a_deep_copy_repacks(tiny_engines):
@@ -139,3 +140,16 @@ def test_linear_modes_are_checked():
         linear.resolve("packed", cpu, torch.float16)
     assert linear.resolve("auto", cpu, f32) and not linear.resolve("plain", cpu, f32)
     assert not linear.resolve("auto", torch.device("cuda"), f32)
+
+
+def test_auto_packs_bfloat16_only_on_a_cpu_with_bf16_units(monkeypatch):
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    monkeypatch.setattr(linear, "bf16_units", lambda: False)
+    assert linear.resolve("auto", cpu, bf16) is None
+    monkeypatch.setattr(linear, "bf16_units", lambda: True)
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():  # oneDNN cannot pack bf16 here: auto stays plain
+        assert linear.resolve("auto", cpu, bf16) is None
+        return
+    assert linear.resolve("auto", cpu, bf16) is not None
+    assert linear.resolve("auto", cpu, bf16, decode_step="compiled") is None
+    assert linear.resolve("auto", cpu, torch.float16) is None
