@@ -30,3 +30,38 @@ def together():
         return [f.result() for f in futures]
 
     return run
+
+
+@pytest.fixture
+def study_cli(monkeypatch):
+    """The pieces every `bench study` resume test shares: `args(claim, episodes, out)` (the command
+    line on the tiny model), `stop_after(n)` (replays run n runs, then Ctrl-C) and `count()` (replays
+    run normally); both record each run's name in the list they return."""
+    from types import SimpleNamespace
+
+    from kvagent.bench import replay
+
+    real = replay.policy_run
+
+    def args(claim, episodes, out):
+        return ["bench", "study", "--claim", claim, "--model", "tiny-random-qwen3", "--device", "cpu",
+                "--episodes", str(episodes), "--out", str(out), "--quiet"]  # fmt: skip
+
+    def stop_after(n):
+        calls = []
+
+        def stopping(*a, **k):
+            calls.append(a[1].name)
+            if len(calls) > n:
+                raise KeyboardInterrupt
+            return real(*a, **k)
+
+        monkeypatch.setattr(replay, "policy_run", stopping)
+        return calls
+
+    def count():
+        calls = []
+        monkeypatch.setattr(replay, "policy_run", lambda *a, **k: calls.append(a[1].name) or real(*a, **k))
+        return calls
+
+    return SimpleNamespace(args=args, stop_after=stop_after, count=count)

@@ -514,14 +514,13 @@ def test_study_refuses_an_unknown_claim_before_loading_a_model(tmp_path, jsonl_f
     assert res.exit_code == 2 and "claim: got 'streaming'" in res.output
 
 
-def test_a_stopped_study_continues_where_it_stopped(tmp_path, episode_record, monkeypatch):
+def test_a_stopped_study_continues_where_it_stopped(tmp_path, episode_record, monkeypatch, study_cli):
     """Stopped after 3 of its 8 policy runs (Ctrl-C, SIGTERM: the same KeyboardInterrupt), the study
     keeps those runs; `--report-only` then writes an interim report (0 of 2 episodes, no verdict); the
     same command again runs exactly the 5 missing ones, and the report is final. A design of another r
     or framework refuses the directory."""
     from typer.testing import CliRunner
 
-    from kvagent.bench import replay
     from kvagent.bench.study import design as study_design
     from kvagent.cli.app import app
 
@@ -533,17 +532,8 @@ def test_a_stopped_study_continues_where_it_stopped(tmp_path, episode_record, mo
     eps = tmp_path / "eps.jsonl"
     eps.write_text("".join(json.dumps(_varied(episode_record, k, turns)) + "\n" for k in range(2)))
     out = tmp_path / "study"
-    args = ["bench", "study", "--claim", "random", "--model", "tiny-random-qwen3", "--device", "cpu",
-            "--episodes", str(eps), "--out", str(out), "--quiet"]  # fmt: skip
-    real, calls = replay.policy_run, []
-
-    def stopping(*a, **k):
-        calls.append(a[1].name)
-        if len(calls) > 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(replay, "policy_run", stopping)
+    args = study_cli.args("random", eps, out)
+    calls = study_cli.stop_after(3)
     stopped = CliRunner().invoke(app, args)
     assert stopped.exit_code == 130 and "rerun the same command to resume" in stopped.output
     kept = json.loads((out / "fidelity.json").read_text())["records"]
@@ -557,8 +547,7 @@ def test_a_stopped_study_continues_where_it_stopped(tmp_path, episode_record, mo
     assert a["progress"]["episodes_planned"] == 2 and "0 of 2 chosen episodes" in a["interim"]
     assert "Interim report, no verdict yet: 0 of 2 episodes done" in (out / "study.md").read_text()
 
-    calls.clear()
-    monkeypatch.setattr(replay, "policy_run", lambda *a, **k: calls.append(a[1].name) or real(*a, **k))
+    calls = study_cli.count()
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     assert len(calls) == 5  # only the missing runs

@@ -82,33 +82,22 @@ def test_no_verdict_before_every_chosen_episode_has_run():
     assert a["verdict"].startswith("none yet")
 
 
-def _tiny_study(tmp_path, monkeypatch):
+def _tiny_study(tmp_path, monkeypatch, study_cli):
     """The out dir and command line of a `--claim segments` run under the TINY design, two episodes."""
     monkeypatch.setitem(sg.DESIGNS, "segments", TINY)
     eps = tmp_path / "eps.jsonl"
     eps.write_text("".join(json.dumps({"id": f"ep{k}", "messages": messages(k)}) + "\n" for k in range(2)))
     out = tmp_path / "study"
-    args = ["bench", "study", "--claim", "segments", "--model", "tiny-random-qwen3", "--device", "cpu",
-            "--episodes", str(eps), "--out", str(out), "--quiet"]  # fmt: skip
-    return out, args
+    return out, study_cli.args("segments", eps, out)
 
 
-def test_a_stopped_segments_study_continues_where_it_stopped(tmp_path, monkeypatch):
+def test_a_stopped_segments_study_continues_where_it_stopped(tmp_path, monkeypatch, study_cli):
     from typer.testing import CliRunner
 
-    from kvagent.bench import replay
     from kvagent.cli.app import app
 
-    out, args = _tiny_study(tmp_path, monkeypatch)
-    real, calls = replay.policy_run, []
-
-    def stopping(*a, **k):
-        calls.append(a[1].name)
-        if len(calls) > 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(replay, "policy_run", stopping)
+    out, args = _tiny_study(tmp_path, monkeypatch, study_cli)
+    calls = study_cli.stop_after(3)
     stopped = CliRunner().invoke(app, args)
     assert stopped.exit_code == 130 and "rerun the same command to resume" in stopped.output
     kept = json.loads((out / "fidelity.json").read_text())["records"]
@@ -119,8 +108,7 @@ def test_a_stopped_segments_study_continues_where_it_stopped(tmp_path, monkeypat
     assert report.exit_code == 0, report.output
     assert json.loads((out / "study.json").read_text())["verdict"].startswith("none yet")
 
-    calls.clear()
-    monkeypatch.setattr(replay, "policy_run", lambda *a, **k: calls.append(a[1].name) or real(*a, **k))
+    calls = study_cli.count()
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     per_episode = 2 * (1 + len(TINY.named))  # per mode: masking + the token-level arms
@@ -136,7 +124,7 @@ def test_a_stopped_segments_study_continues_where_it_stopped(tmp_path, monkeypat
     assert {r["budget"] % 32 for r in tokens} == {0}
 
 
-def test_segments_estimate_only_chooses_and_runs_nothing(tmp_path, monkeypatch):
+def test_segments_estimate_only_chooses_and_runs_nothing(tmp_path, monkeypatch, study_cli):
     """`--estimate-only` names the episodes and the runs each takes and stops: no run, no file (it
     used to start the whole study); `--concurrency` other than 1 is refused in one line."""
     from typer.testing import CliRunner
@@ -144,7 +132,7 @@ def test_segments_estimate_only_chooses_and_runs_nothing(tmp_path, monkeypatch):
     from kvagent.bench import replay
     from kvagent.cli.app import app
 
-    out, args = _tiny_study(tmp_path, monkeypatch)
+    out, args = _tiny_study(tmp_path, monkeypatch, study_cli)
     monkeypatch.setattr(replay, "policy_run", lambda *a, **k: pytest.fail("--estimate-only ran a replay"))
     result = CliRunner().invoke(app, [*args, "--estimate-only"])
     assert result.exit_code == 0, result.output

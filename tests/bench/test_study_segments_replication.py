@@ -165,35 +165,24 @@ def test_the_first_designs_committed_analysis_is_unchanged():
             assert new[key] == pytest.approx(old[key])
 
 
-def test_a_stopped_replication_continues_where_it_stopped(tmp_path, monkeypatch):
+def test_a_stopped_replication_continues_where_it_stopped(tmp_path, monkeypatch, study_cli):
     from typer.testing import CliRunner
 
-    from kvagent.bench import replay
     from kvagent.cli.app import app
 
     monkeypatch.setitem(sg.DESIGNS, REP.claim, TINY)
     eps = tmp_path / "eps.jsonl"
     eps.write_text("".join(json.dumps({"id": f"ep{k}", "messages": messages(k)}) + "\n" for k in range(4)))
     out = tmp_path / "study"
-    args = ["bench", "study", "--claim", REP.claim, "--model", "tiny-random-qwen3", "--device", "cpu",
-            "--episodes", str(eps), "--out", str(out), "--quiet"]  # fmt: skip
-    real, calls = replay.policy_run, []
-
-    def stopping(*a, **k):
-        calls.append(a[1].name)
-        if len(calls) > 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(replay, "policy_run", stopping)
+    args = study_cli.args(REP.claim, eps, out)
+    calls = study_cli.stop_after(3)
     stopped = CliRunner().invoke(app, args)
     assert stopped.exit_code == 130 and "rerun the same command to resume" in stopped.output
     design = json.loads((out / "design.json").read_text())
     assert design["claim"] == REP.claim and design["chosen"] == ["ep1", "ep2"]  # ep0 is the earlier design's
     assert len(json.loads((out / "fidelity.json").read_text())["records"]) == 2 + 3
 
-    calls.clear()
-    monkeypatch.setattr(replay, "policy_run", lambda *a, **k: calls.append(a[1].name) or real(*a, **k))
+    calls = study_cli.count()
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     per_episode = 2 * (1 + 1 + len(TINY.named))  # per mode: masking, segments, the token-level arms
