@@ -132,9 +132,13 @@ class ObservationMask:
         line = self.render.user_turn_ids(placeholder(text))
         a, b = content_span(line, self.render.user_turn_ids(""))
         rest = [*line[a:b], *session.history[end:]]
-        session.rewind(session.logical_length - start)
-        session.append(rest)
         delta = (end - start) - (b - a)
+        # The rewind drops the segment marks past `start`; the re-sent tokens keep theirs, shifted.
+        later = [m - delta for m in getattr(session, "segment_starts", ()) if m >= end]
+        session.rewind(session.logical_length - start)
+        for m in later:
+            session.mark_segment(m)
+        session.append(rest)
         for span in self.spans[i + 1 :]:
             span[0] -= delta
             span[1] -= delta

@@ -13,6 +13,7 @@ key and label carry (`__mask-observations=4`)."""
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +96,7 @@ class Masker:
     def __init__(self, stream: Stream, keep: int) -> None:
         self.stream, self.keep = stream, keep
         self.ids = stream.ids
+        self.starts = stream.segment_starts
         self.masked = 0
         self.shrunk = 0  # reprefill: tokens the placeholders saved so far (session = stream - shrunk)
         self.forgotten = 0  # persistent: positions forgotten
@@ -114,15 +116,30 @@ class Masker:
             return ids
         first = obs[todo[0]]
         cut = first.start - self.shrunk
-        new, cursor = [], first.start
+        new, marks, cursor = [], [], first.start
         for i in todo:
             o = obs[i]
-            new += [*self.ids[cursor : o.start], *o.placeholder]
+            marks += self._moved(cursor, o.start, cut + len(new))
+            new += self.ids[cursor : o.start]
+            marks.append(cut + len(new))  # the placeholder is the observation's segment
+            new += o.placeholder
             self.shrunk += (o.end - o.start) - len(o.placeholder)
             cursor = o.end
+        marks += self._moved(cursor, pos, cut + len(new))
         new += self.ids[cursor:pos]
+        # The rewind drops the segment marks past the cut; the re-sent tokens keep theirs, moved.
         session.rewind(session.logical_length - cut)
+        mark = getattr(session, "mark_segment", None)  # a ledger without marks (the study's) ignores them
+        for m in marks if mark is not None else ():
+            mark(m)
         return [*new, *ids]
+
+    def _moved(self, lo: int, hi: int, at: int) -> list[int]:
+        """Session positions of the segment starts in stream [lo, hi), re-sent from position `at`."""
+        return [
+            at + s - lo
+            for s in self.starts[bisect.bisect_left(self.starts, lo) : bisect.bisect_left(self.starts, hi)]
+        ]
 
 
 def masker_for(stream: Stream, spec: RunSpec) -> Masker | None:

@@ -74,8 +74,7 @@ def replay(
     result = ReplayResult()
     session = engine.session(config)
     session.reuse_prefix = reuse_prefix
-    for p in stream.segment_starts:  # for a segment-aware policy; the others never read them
-        session.mark_segment(p)
+    starts, marked = stream.segment_starts, 0  # for a segment-aware policy; the others never read them
     caps = session.evictor.schedule.capacities()
     result.capacity = max(caps) if caps else None
     t0 = time.perf_counter()
@@ -85,8 +84,10 @@ def replay(
     for seg in stream.segments:
         if seg.kind == "append":
             ids = list(seg.ids) if before_append is None else before_append(session, pos, list(seg.ids))
+            marked = _mark(session, starts, marked, pos, pos + len(seg.ids), len(ids) - len(seg.ids))
             last = session.append(ids)
         else:
+            marked = _mark(session, starts, marked, pos, pos + len(seg.ids), 0)
             # Teacher forcing: batched, but the same logits and rounds as one `step` per token.
             rows = session.teacher_force(list(seg.ids))
             for tok, logits in zip(seg.ids, [last, *rows[:-1]], strict=True):
@@ -109,6 +110,17 @@ def replay(
     result.wall_s = time.perf_counter() - t0
     result.stats = session.stats.to_dict()
     return result
+
+
+def _mark(session, starts: list[int], marked: int, lo: int, hi: int, ahead: int) -> int:
+    """Mark the segment starts in stream [lo, hi) on the session before that segment is fed (a mark
+    follows the history, so one set ahead would go stale under a masking re-send): they land `ahead`
+    tokens (what the re-send puts first) past the session's end. Returns how many are marked."""
+    base = session.logical_length + ahead - lo
+    while marked < len(starts) and starts[marked] < hi:
+        session.mark_segment(base + starts[marked])
+        marked += 1
+    return marked
 
 
 def _probe(engine, session, p, result: ReplayResult) -> None:

@@ -127,3 +127,12 @@ def test_reprefill_masking_rerenders_the_placeholder_byte_for_byte(tiny, prompts
     assert n_a > n_b >= 1 and text.count(line_a) == 1 and text.count(line_b) == 1
     assert text.index(line_a) < text.index(line_b) < text.index("gamma one")
     assert [t.observations_masked > 0 for t in result.turns] == [False, False, True, True, False]
+    # The segment marks moved with the re-sent history (and drop-thinking's forgets): each names
+    # where a reply or an observation's content (placeholder or whole) starts in it now.
+    head = tiny.tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    h = session.history
+    replies = {i + len(head) for i in range(len(h)) if h[i : i + len(head)] == head}
+    observations = {start for start, _, _ in agent.mask.spans}
+    assert len(replies) == 5 and len(observations) == 4
+    assert set(session.segment_starts) == replies | observations
+    assert all(tiny.tokenizer.decode(h[a : a + 4]).startswith("Old environment") for a in sorted(observations)[:2])

@@ -84,6 +84,33 @@ def test_reprefill_masking_resends_the_placeholder_byte_for_byte(tiny_engine):
     assert session.history[: s.prompt_length] == s.ids[: s.prompt_length]
 
 
+@pytest.mark.parametrize("mode", ["persistent", "reprefill"])
+def test_a_masked_replay_marks_each_segment_where_it_starts_in_the_session(tiny_engine, mode):
+    """The replay marks a segment as it is fed, and a reprefill re-send moves the marks it takes
+    back: each names where a reply or an observation (placeholder or whole) starts in the history the
+    session holds, so the segment-aware policy groups the tokens the paper's agent re-sent."""
+    from kvagent.bench.replay import replay
+
+    s = build_stream(episode(probe=False), tiny_engine.tokenizer)
+    masker, seen = Masker(s, keep=2), []
+
+    def before_append(session, pos, ids):
+        seen.append(session)
+        return masker(session, pos, ids)
+
+    cfg = CacheConfig(policy="segments", budget=64, buffer=16, protect="sink", mode=mode)
+    replay(tiny_engine, s, cfg, lambda *a: None, probe=False, before_append=before_append)
+    session = seen[-1]
+    # a stream position's place in the session: less what the placeholders before it saved
+    saved = [(o.end, (o.end - o.start) - len(o.placeholder)) for o in s.observations[:2]]
+    shift = (lambda p: sum(n for end, n in saved if end <= p)) if mode == "reprefill" else (lambda p: 0)
+    assert masker.shrunk == (sum(n for _, n in saved) if mode == "reprefill" else 0)
+    assert session.segment_starts == tuple(p - shift(p) for p in s.segment_starts)
+    step_starts = [p for p in s.segment_starts if p not in {o.start for o in s.observations}]
+    for p in step_starts:  # each reply's first token sits at its mark in the session too
+        assert session.history[p - shift(p)] == s.ids[p]
+
+
 def test_history_spec_is_its_own_run(tiny_engine, tmp_path):
     assert keep_of("mask-observations") == 10 and keep_of("keep") is None
     with pytest.raises(ConfigError, match="history"):

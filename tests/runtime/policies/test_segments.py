@@ -101,3 +101,24 @@ def test_marked_segments_static_step_equals_eager(tiny_engines, attention):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
     for a, b in zip(e_s.kept_positions(), s_s.kept_positions(), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["persistent", "reprefill"])
+def test_marks_follow_the_history_through_forget_and_rewind(tiny_engines, mode):
+    """A mark names where a segment starts in the history as it is now: a reprefill forget shifts
+    later marks down (one on a dropped token moves to the next kept one), a persistent forget keeps
+    positions; a rewind drops the marks past the cut (one at the cut starts what is fed next)."""
+    s = tiny_engines["qwen3"].session(CacheConfig(policy="segments", budget=64, buffer=16, mode=mode))
+    s.append(list(range(1, 9)))  # the prompt: rewind never reaches into it
+    s.append(list(range(9, 61)))
+    for p in (10, 20, 30, 40, 40, 50):  # marking twice is marking once
+        s.mark_segment(p)
+    assert s.segment_starts == (10, 20, 30, 40, 50)
+    s.forget([3, 20, 21, 35])
+    want = (10, 20, 30, 40, 50) if mode == "persistent" else (9, 19, 27, 36, 46)
+    assert s.segment_starts == want
+    s.append([7] * 5)
+    s.rewind(s.logical_length - want[2])
+    assert s.segment_starts == want[:3]
+    s.append([8] * 4)
+    assert s.segment_starts == want[:3] and s.logical_length == want[2] + 4
