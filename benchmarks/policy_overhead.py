@@ -1,7 +1,7 @@
 """Eviction-round cost per policy, split into scoring and compaction, as a share of decode time, in
 one run: ~100M Qwen3-shaped random model, K=2048, r=128, scope prefill+decode (a round every 128
 decode steps). Goals: random <= 1%, nexus and the second-wave policies (tova, knorm, keydiff,
-rkv, triattention) <= 3%, none > 5%.
+rkv, triattention) <= 3%, none > 5%. The segment-aware policy runs with a mark every 64 tokens.
 
     .venv/bin/python benchmarks/policy_overhead.py [--quick] [--device cuda] [--policies a,b]
         [--head-budget uniform,adaptive]   (Ada-KV head budgets, side by side in one run; policies
@@ -28,8 +28,9 @@ from kvagent.runtime import Engine  # noqa: E402
 
 POLICIES = (
     "streaming", "random", "snapkv", "h2o", "pyramidkv", "nexus",
-    "tova", "knorm", "keydiff", "rkv", "triattention", "morphkv", "vase",
+    "tova", "knorm", "keydiff", "rkv", "triattention", "morphkv", "vase", "segments",
 )  # fmt: skip
+SEGMENT = 64  # segments: a mark every 64 tokens (short agent turns: more segments, more to group)
 GOALS = {
     "random": 0.01,
     "nexus": 0.03,
@@ -42,6 +43,14 @@ def policy_args(policy: str, head_budget: str = "uniform") -> dict:
     if policy == "tova" and head_budget == "adaptive":
         return {"shared": False}  # adaptive head budgets need one keep-set per head
     return {}
+
+
+def marked(session, length: int):
+    """The session with a segment mark every SEGMENT positions up to `length` (an agent marks its
+    replies and tool outputs; only the segment-aware policy reads them)."""
+    for p in range(SEGMENT, length, SEGMENT):
+        session.mark_segment(p)
+    return session
 
 
 def main() -> None:
@@ -65,7 +74,9 @@ def main() -> None:
     print(f"{'policy':<22} {'rounds':>6} {'step ms':>8} {'scoring':>8} {'compact':>8} {'total':>8}  goal")
     for p, hb in itertools.product(args.policies.split(","), budgets):
         # decode_latency builds its own CacheConfig: give each of its sessions this head budget.
-        engine.session = lambda cfg, hb=hb: plain(dataclasses.replace(cfg, head_budget=hb))
+        engine.session = lambda cfg, hb=hb: marked(
+            plain(dataclasses.replace(cfg, head_budget=hb)), k + 2 * r + steps
+        )
         name = p if len(budgets) == 1 else f"{p} ({hb})"
         # Start just below K + r so every round in the timed window is a decode-time round.
         # k + 2r - 1: the prefill already runs one round (first calls of a policy's kernels are
