@@ -104,9 +104,18 @@ class Server:
                 param="model",
             )
         config = request_config(self.config.defaults, req.kv)
-        prompt = await run_in_threadpool(render.prompt_ids, self.engine.tokenizer, req)
+        # kv_history: reprefill re-renders the older tool outputs as the paper's placeholder line;
+        # a persistent session keeps the text and forgets their tokens (runner.py), since no
+        # placeholder can enter the middle of a live cache.
+        forget = req.mask_keep is not None and config.mode == "persistent"
+        if req.mask_keep is not None and not forget:
+            from kvagent.agent.history import mask_messages  # the agent package: only when asked
+
+            req.messages = mask_messages(req.messages, req.mask_keep)
+        prompt = await run_in_threadpool(render.prompt_ids, self.engine.tokenizer, req, forget)
         spec = self._spec(req, len(prompt.ids))
         job = Job(prompt.ids, prompt.first, config, spec, req.stream, asyncio.get_running_loop())
+        job.mask = (req.mask_keep, prompt.observations) if forget else None
         job.require_session = req.require_session
         job.continues = any(m["role"] == "assistant" for m in req.messages or [])
         try:

@@ -43,6 +43,7 @@ class GenRequest:
     include_usage: bool = False
     kv: dict[str, Any] = field(default_factory=dict)  # the kv_* fields given
     require_session: bool = False  # kv_require_session: a 409 rather than re-prefilling a lost session
+    mask_keep: int | None = None  # kv_history's M: tool outputs but the newest M masked (app.py)
 
 
 def _loads(raw: bytes) -> dict[str, Any]:
@@ -205,7 +206,7 @@ CHAT_ONLY: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     "parallel_tool_calls": (None, _bool("parallel_tool_calls")),
     "response_format": (None, _response_format),
     "chat_template_kwargs": ("chat_template_kwargs", _object("chat_template_kwargs")),
-    "kv_history": (None, _kv_history),  # observation masking: parse_chat re-renders the messages
+    "kv_history": (None, _kv_history),  # observation masking: parse_chat keeps M, app.py applies it
 }
 COMPLETIONS_ONLY: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     "max_tokens": ("max_tokens", _int("max_tokens", lo=1)),
@@ -260,11 +261,8 @@ def parse_chat(raw: bytes) -> GenRequest:
     req.messages = check_messages(body["messages"])
     _apply(body, req, COMMON)
     _apply(body, req, CHAT_ONLY)
-    keep = _kv_history(body["kv_history"]) if body.get("kv_history") is not None else None
-    if keep is not None:  # older tool outputs as the paper's placeholder line; the session follows the text
-        from kvagent.agent.history import mask_messages
-
-        req.messages = mask_messages(req.messages, keep)
+    if body.get("kv_history") is not None:
+        req.mask_keep = _kv_history(body["kv_history"])
     if body.get("tools") is not None:
         req.tools = check_tools(body["tools"])
     choice = body.get("tool_choice")

@@ -6,7 +6,8 @@ would see."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvagent.serve.errors import RequestError
@@ -64,6 +65,8 @@ class Prompt:
     # error) and adds a turn still continues the session; and the reply a later request may
     # re-render differently counts from here.
     first: int
+    # kv_history on a persistent session: [start, end) of each tool output's content, oldest first
+    observations: list[tuple[int, int]] = field(default_factory=list)
 
 
 def _chat_first(tokenizer: Any, req: GenRequest, text: str, ids: list[int]) -> int:
@@ -82,7 +85,46 @@ def _chat_first(tokenizer: Any, req: GenRequest, text: str, ids: list[int]) -> i
     return n
 
 
-def prompt_ids(tokenizer: Any, req: GenRequest) -> Prompt:
+def observation_spans(tokenizer: Any, req: GenRequest, text: str, ids: list[int]) -> list[tuple[int, int]]:
+    """Token spans [start, end) of each tool message's content in the rendered chat, oldest first:
+    the tokens wholly inside its text, so the framing stays (what `kv_history` forgets on a
+    persistent session). Each message's content is looked for after the previous message's (so a
+    reply quoting an output is not taken for it), through the fast tokenizer's character offsets."""
+    how = "send kv_mode reprefill (the placeholder re-render) or leave kv_history out"
+    if not getattr(tokenizer, "is_fast", False):
+        raise RequestError(
+            f"kv_history: this model's tokenizer gives no character offsets; {how}", param="kv_history"
+        )
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    if list(enc["input_ids"]) != ids:
+        raise RequestError(
+            f"kv_history: the prompt's tokens do not map onto its text; {how}", param="kv_history"
+        )
+    starts = [a for a, _ in enc["offset_mapping"]]
+    ends = [b for _, b in enc["offset_mapping"]]
+    spans, cursor = [], 0
+    for m in req.messages or []:
+        content = m.get("content")
+        if not isinstance(content, str) or not content:
+            continue
+        at = text.find(content, cursor)
+        if at < 0:  # the template rewrote it: a tool output cannot be masked without its tokens
+            if m["role"] == "tool":
+                raise RequestError(
+                    f"kv_history: a tool message's text is not in the rendered prompt; {how}",
+                    param="kv_history",
+                )
+            continue
+        cursor = at + len(content)
+        if m["role"] == "tool":
+            lo = bisect.bisect_left(starts, at)
+            hi = bisect.bisect_right(ends, cursor)
+            spans.append((lo, max(lo, hi)))
+    return spans
+
+
+def prompt_ids(tokenizer: Any, req: GenRequest, observations: bool = False) -> Prompt:
+    """`observations`: also the tool outputs' token spans (`observation_spans`)."""
     if req.endpoint == "chat":
         text = chat_text(tokenizer, req)
     elif isinstance(req.prompt, str):
@@ -99,4 +141,7 @@ def prompt_ids(tokenizer: Any, req: GenRequest) -> Prompt:
     ids = tokenizer.encode(text, add_special_tokens=False)
     if not ids:
         raise RequestError("prompt: renders to no tokens; send some text", param="prompt")
-    return Prompt(ids, _chat_first(tokenizer, req, text, ids) if req.endpoint == "chat" else len(ids))
+    if req.endpoint != "chat":
+        return Prompt(ids, len(ids))
+    spans = observation_spans(tokenizer, req, text, ids) if observations else []
+    return Prompt(ids, _chat_first(tokenizer, req, text, ids), spans)

@@ -53,6 +53,8 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     require_session: bool = False  # kv_require_session
     continues: bool = False  # the prompt holds an earlier reply of its conversation
+    # kv_history on a persistent session: (M, each tool output's content span in the prompt)
+    mask: tuple[int, list[tuple[int, int]]] | None = None
 
     def emit(self, kind: str, value: Any = None) -> None:
         with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown): nobody listens
@@ -72,6 +74,43 @@ def _counts(stats) -> dict[str, int]:
     return {k: int(getattr(stats, k)) for k in _STATS}
 
 
+def _feed(session, job: Job, plan: Plan) -> int:
+    """Append the prompt's new tokens: a new session's chat head first (its protected prompt), then
+    the rest. With `job.mask` (kv_history, persistent), as the agent loop masks (agent/history.py):
+    before a tool output's content is fed, those it pushes out of the newest M are forgotten, and
+    those the session or the head already holds are forgotten first. Returns positions forgotten."""
+    prompt, pos = job.prompt, plan.keep
+    if plan.status == "new":
+        pos = min(plan.conv.first, len(prompt))
+        session.append(prompt[:pos])
+    if job.mask is None:
+        if pos < len(prompt):
+            session.append(prompt[pos:])
+        return 0
+    from kvagent.agent.history import newly_masked
+
+    keep, spans = job.mask
+    masked = forgotten = 0
+
+    def forget(upto: int) -> None:
+        nonlocal masked, forgotten
+        drop = [p for a, b in spans[masked:upto] for p in range(a, b)]
+        forgotten += session.forget(drop) if drop else 0
+        masked = max(masked, upto)
+
+    forget(max(0, sum(b <= pos for _, b in spans) - keep))
+    for j, (a, _) in enumerate(spans):
+        todo = newly_masked(j, keep, masked) if a >= pos else range(0)
+        if len(todo):
+            if a > pos:
+                session.append(prompt[pos:a])
+                pos = a
+            forget(todo.stop)
+    if pos < len(prompt):
+        session.append(prompt[pos:])
+    return forgotten
+
+
 def serve_job(conversations: Conversations, job: Job) -> Outcome:
     """Continue (or start) the prompt's conversation and sample its reply."""
     plan = conversations.lease(job.prompt, job.config, job.first, job.require_session, job.continues)
@@ -82,11 +121,7 @@ def serve_job(conversations: Conversations, job: Job) -> Outcome:
         before = _counts(session.stats)
         if plan.rewind:
             session.rewind(plan.rewind)
-        if plan.status == "new" and conv.first < len(job.prompt):
-            session.append(job.prompt[: conv.first])
-            session.append(job.prompt[conv.first :])
-        else:
-            session.append(job.prompt[plan.keep :])
+        forgotten = _feed(session, job, plan)
         conv.reply_start = job.first  # the newest reply, with the generation prompt before it
         job.emit("started", plan)
         on_text = (lambda text: job.emit("text", text)) if job.stream else None
@@ -121,6 +156,7 @@ def serve_job(conversations: Conversations, job: Job) -> Outcome:
         "kv_rewound_tokens": plan.rewind,
         "kv_reprefilled_tokens": plan.reprefilled,
         "kv_prefill_tokens": delta["prefill_tokens"],
+        "kv_forgotten_tokens": forgotten,
         "kv_session_restored": plan.restored,  # where a moved-out session came back from: host, disk, none
     }
     info = {
