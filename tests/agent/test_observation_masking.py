@@ -135,4 +135,6 @@ def test_reprefill_masking_rerenders_the_placeholder_byte_for_byte(tiny, prompts
     observations = {start for start, _, _ in agent.mask.spans}
     assert len(replies) == 5 and len(observations) == 4
     assert set(session.segment_starts) == replies | observations
-    assert all(tiny.tokenizer.decode(h[a : a + 4]).startswith("Old environment") for a in sorted(observations)[:2])
+    assert all(
+        tiny.tokenizer.decode(h[a : a + 4]).startswith("Old environment") for a in sorted(observations)[:2]
+    )
