@@ -112,10 +112,14 @@ class Server:
             from kvagent.agent.history import mask_messages  # the agent package: only when asked
 
             req.messages = mask_messages(req.messages, req.mask_keep)
-        prompt = await run_in_threadpool(render.prompt_ids, self.engine.tokenizer, req, forget)
+        # The segments policy groups by messages: their starts are its marks, as the agent loop's.
+        mark = config.policy == "segments" and endpoint == "chat"
+        need = "kv_history" if forget else "kv_policy" if mark else None
+        prompt = await run_in_threadpool(render.prompt_ids, self.engine.tokenizer, req, need)
         spec = self._spec(req, len(prompt.ids))
         job = Job(prompt.ids, prompt.first, config, spec, req.stream, asyncio.get_running_loop())
         job.mask = (req.mask_keep, prompt.observations) if forget else None
+        job.marks = prompt.segments if mark else []
         job.require_session = req.require_session
         job.continues = any(m["role"] == "assistant" for m in req.messages or [])
         try:

@@ -67,6 +67,9 @@ class Prompt:
     first: int
     # kv_history on a persistent session: [start, end) of each tool output's content, oldest first
     observations: list[tuple[int, int]] = field(default_factory=list)
+    # the segments policy: where each message from the first reply on, and the coming reply, start
+    # (the agent loop's marks: the system prompt and the issue stay the protected head)
+    segments: list[int] = field(default_factory=list)
 
 
 def _chat_first(tokenizer: Any, req: GenRequest, text: str, ids: list[int]) -> int:
@@ -85,21 +88,19 @@ def _chat_first(tokenizer: Any, req: GenRequest, text: str, ids: list[int]) -> i
     return n
 
 
-def observation_spans(tokenizer: Any, req: GenRequest, text: str, ids: list[int]) -> list[tuple[int, int]]:
-    """Token spans [start, end) of each tool message's content in the rendered chat, oldest first:
-    the tokens wholly inside its text, so the framing stays (what `kv_history` forgets on a
-    persistent session). Each message's content is looked for after the previous message's (so a
-    reply quoting an output is not taken for it), through the fast tokenizer's character offsets."""
-    how = "send kv_mode reprefill (the placeholder re-render) or leave kv_history out"
+def message_spans(
+    tokenizer: Any, req: GenRequest, text: str, ids: list[int], field: str
+) -> list[tuple[str, int, int]]:
+    """(role, start, end) of each message's content in the rendered chat, in order: the tokens wholly
+    inside its text, so the framing stays outside. Each message's content is looked for after the
+    previous one's (a reply quoting an output is not taken for it), through the fast tokenizer's
+    character offsets. `field`: the request field that needs them, named in a refusal."""
+    how = f"leave {field} out, or send kv_mode reprefill" if field == "kv_history" else f"leave {field} out"
     if not getattr(tokenizer, "is_fast", False):
-        raise RequestError(
-            f"kv_history: this model's tokenizer gives no character offsets; {how}", param="kv_history"
-        )
+        raise RequestError(f"{field}: this model's tokenizer gives no character offsets; {how}", param=field)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     if list(enc["input_ids"]) != ids:
-        raise RequestError(
-            f"kv_history: the prompt's tokens do not map onto its text; {how}", param="kv_history"
-        )
+        raise RequestError(f"{field}: the prompt's tokens do not map onto its text; {how}", param=field)
     starts = [a for a, _ in enc["offset_mapping"]]
     ends = [b for _, b in enc["offset_mapping"]]
     spans, cursor = [], 0
@@ -111,20 +112,18 @@ def observation_spans(tokenizer: Any, req: GenRequest, text: str, ids: list[int]
         if at < 0:  # the template rewrote it: a tool output cannot be masked without its tokens
             if m["role"] == "tool":
                 raise RequestError(
-                    f"kv_history: a tool message's text is not in the rendered prompt; {how}",
-                    param="kv_history",
+                    f"{field}: a tool message's text is not in the rendered prompt; {how}", param=field
                 )
             continue
         cursor = at + len(content)
-        if m["role"] == "tool":
-            lo = bisect.bisect_left(starts, at)
-            hi = bisect.bisect_right(ends, cursor)
-            spans.append((lo, max(lo, hi)))
+        lo = bisect.bisect_left(starts, at)
+        spans.append((m["role"], lo, max(lo, bisect.bisect_right(ends, cursor))))
     return spans
 
 
-def prompt_ids(tokenizer: Any, req: GenRequest, observations: bool = False) -> Prompt:
-    """`observations`: also the tool outputs' token spans (`observation_spans`)."""
+def prompt_ids(tokenizer: Any, req: GenRequest, spans: str | None = None) -> Prompt:
+    """`spans`: the request field that needs the messages' token spans (`message_spans`), if any:
+    then the prompt has the tool outputs' spans and the segment starts."""
     if req.endpoint == "chat":
         text = chat_text(tokenizer, req)
     elif isinstance(req.prompt, str):
@@ -143,5 +142,12 @@ def prompt_ids(tokenizer: Any, req: GenRequest, observations: bool = False) -> P
         raise RequestError("prompt: renders to no tokens; send some text", param="prompt")
     if req.endpoint != "chat":
         return Prompt(ids, len(ids))
-    spans = observation_spans(tokenizer, req, text, ids) if observations else []
-    return Prompt(ids, _chat_first(tokenizer, req, text, ids), spans)
+    prompt = Prompt(ids, _chat_first(tokenizer, req, text, ids))
+    if spans is not None:
+        found = message_spans(tokenizer, req, text, ids, spans)
+        prompt.observations = [(a, b) for role, a, b in found if role == "tool"]
+        replies = [i for i, (role, _, _) in enumerate(found) if role == "assistant"]
+        prompt.segments = [a for _, a, _ in found[replies[0] :]] if replies else []
+        if req.messages and req.messages[-1]["role"] != "assistant":
+            prompt.segments.append(len(ids))  # the reply this request samples
+    return prompt

@@ -55,6 +55,7 @@ class Job:
     continues: bool = False  # the prompt holds an earlier reply of its conversation
     # kv_history on a persistent session: (M, each tool output's content span in the prompt)
     mask: tuple[int, list[tuple[int, int]]] | None = None
+    marks: list[int] = field(default_factory=list)  # segment starts in the prompt (segments policy)
 
     def emit(self, kind: str, value: Any = None) -> None:
         with contextlib.suppress(RuntimeError):  # the event loop is gone (shutdown): nobody listens
@@ -75,11 +76,14 @@ def _counts(stats) -> dict[str, int]:
 
 
 def _feed(session, job: Job, plan: Plan) -> int:
-    """Append the prompt's new tokens: a new session's chat head first (its protected prompt), then
-    the rest. With `job.mask` (kv_history, persistent), as the agent loop masks (agent/history.py):
+    """Append the prompt's new tokens, their segments marked: a new session's chat head first (its
+    protected prompt), then the rest. With `job.mask` (kv_history, persistent), as the agent loop masks (agent/history.py):
     before a tool output's content is fed, those it pushes out of the newest M are forgotten, and
     those the session or the head already holds are forgotten first. Returns positions forgotten."""
     prompt, pos = job.prompt, plan.keep
+    for m in job.marks:  # those in the part kept were marked when it was fed
+        if m >= pos:
+            session.mark_segment(m)
     if plan.status == "new":
         pos = min(plan.conv.first, len(prompt))
         session.append(prompt[:pos])

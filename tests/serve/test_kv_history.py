@@ -81,7 +81,7 @@ def test_tool_output_spans_are_their_content_tokens(qwen3_tokenizer):
     req = parse_chat(
         json.dumps({"model": "m", "messages": _chat(3), "kv_history": "mask-observations=1"}).encode()
     )
-    prompt = prompt_ids(qwen3_tokenizer, req, observations=True)
+    prompt = prompt_ids(qwen3_tokenizer, req, "kv_history")
     tools = [m["content"] for m in req.messages if m["role"] == "tool"]
     assert [qwen3_tokenizer.decode(prompt.ids[a:b]) for a, b in prompt.observations] == tools
     assert all(
@@ -93,7 +93,7 @@ def test_tool_output_spans_are_their_content_tokens(qwen3_tokenizer):
     req = parse_chat(
         json.dumps({"model": "m", "messages": quoted, "kv_history": "mask-observations=1"}).encode()
     )
-    spans = prompt_ids(qwen3_tokenizer, req, observations=True).observations
+    spans = prompt_ids(qwen3_tokenizer, req, "kv_history").observations
     assert spans[0][1] < spans[1][0]
 
 
@@ -119,7 +119,7 @@ def test_persistent_sessions_forget_the_older_outputs_and_reply_as_the_library(
         )
         usage = r.usage.model_dump()
         req = parse_chat(json.dumps({"model": "m", "messages": msgs, **extra}).encode())
-        prompt = prompt_ids(qwen3_tokenizer, req, observations=True)
+        prompt = prompt_ids(qwen3_tokenizer, req, "kv_history")
         spans = prompt.observations
         gone = lambda k, spans=spans: [p for a, b in spans[:k] for p in range(a, b)]  # noqa: E731
         if n_tools == 4:  # a new session: the chat head fed whole, then outputs 0 and 1 forgotten
