@@ -21,6 +21,7 @@ from kvagent.runtime.cache import EvictableCache, keep_index
 from kvagent.runtime.clock import RoundClock
 from kvagent.runtime.config import SINK_TOKENS
 from kvagent.runtime.heads import HeadLayer, select_adaptive
+from kvagent.runtime.marks import SegmentMarks
 from kvagent.runtime.plan import CachePlan
 from kvagent.runtime.round import build_view, pad_state, round_generator, select
 from kvagent.runtime.stats import CacheStats
@@ -67,7 +68,7 @@ class Evictor:
         # The slot goes back to its pool with this evictor (its session).
         self._slot_release = weakref.finalize(self, slot.release) if slot is not None else None
         self.adaptive = config.adaptive_heads
-        self.segments: list[int] = []  # Session.mark_segment's positions, ascending (segment policies)
+        self.segments = SegmentMarks()  # Session.mark_segment's positions (segment policies)
         self.audit: list[AuditRound] | None = [] if config.audit else None
         self.round_index = 0  # orders audit records: every round and every forced drop counts one
         self.reset()

@@ -14,6 +14,7 @@ forward would.
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,10 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvagent.runtime.attention import ACTIVE_CACHE, attend_layer, attend_rows
 from kvagent.runtime.cache import EvictableCache
+
+# transformers >= 5.24 renamed `past_key_values` to `cache`; we keep the old name because the GPU
+# image runs 5.17, which only knows `past_key_values`.
+warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
 
 
 @dataclass

@@ -34,6 +34,7 @@ from kvagent.errors import ConfigError
 from kvagent.fileio import atomic_write_bytes
 from kvagent.runtime.audit import AuditRound
 from kvagent.runtime.config import CacheConfig
+from kvagent.runtime.marks import SegmentMarks
 
 FORMAT = "kvagent-session"
 VERSION = 2  # 2: the header holds a checksum of the state and tensors
@@ -151,7 +152,7 @@ def import_session(engine, state: SessionState, where: str = "session state"):
     ev.cache.import_state({k[len("cache.") :]: v for k, v in t.items() if k.startswith("cache.")}, m["cache"])
     ev.state = [_unflatten(spec, t) for spec in m["state"]]
     ev.round_index = m["round_index"]
-    ev.segments = list(m.get("segments", []))
+    ev.segments = SegmentMarks(m.get("segments", []))
     if m["audit"] is not None:
         ev.audit = [AuditRound(**a, kept=t[f"audit.{i}"]) for i, a in enumerate(m["audit"])]
     session.history = t["history"].tolist()

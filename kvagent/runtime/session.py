@@ -12,10 +12,8 @@ of the previous rebuild's dense state at its last whole chunk instead of positio
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -31,10 +29,6 @@ from kvagent.runtime.forward import Chunk
 from kvagent.runtime.generation import Generation, Stopping, generate_tokens
 from kvagent.runtime.plan import CachePlan
 from kvagent.runtime.stats import CacheStats
-
-# transformers >= 5.24 renamed `past_key_values` to `cache`; we keep the old name because the GPU
-# image runs 5.17, which only knows `past_key_values`.
-warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
 
 
 class SessionEngine(Protocol):
@@ -249,25 +243,17 @@ class Session:
             self.history = [t for i, t in enumerate(self.history) if i not in gone]
             if self.prompt_length is not None:
                 self.prompt_length -= sum(1 for p in drop if p < self.prompt_length)
-            # Later tokens shift down, and their segments' marks with them; a mark on a dropped
-            # token moves to the next one kept (its segment starts there now).
-            marks = self.evictor.segments
-            marks[:] = sorted({m - bisect.bisect_left(drop, m) for m in marks})
+            self.evictor.segments.forget(drop)
             self._stale = True
         return len(drop)
 
     def mark_segment(self, position: int) -> None:
         """A segment (a tool output, a reply) starts at logical `position`: segment-aware policies
-        (policies/segments.py) keep or evict whole segments. Never guessed from text here. Marks
-        follow the history: a reprefill forget shifts them down, a rewind drops those past the cut."""
-        marks, position = self.evictor.segments, int(position)
-        at = bisect.bisect_left(marks, position)
-        if at == len(marks) or marks[at] != position:
-            marks.insert(at, position)
+        (policies/segments.py) keep or evict whole segments; forget and rewind move marks (marks.py)."""
+        self.evictor.segments.add(int(position))
 
     @property
     def segment_starts(self) -> tuple[int, ...]:
-        """The marks `mark_segment` set, ascending, in the history's current positions."""
         return tuple(self.evictor.segments)
 
     def rewind(self, n: int) -> int:
@@ -292,8 +278,7 @@ class Session:
             return 0
         cut = self.logical_length - n
         self.history = self.history[:cut]
-        # Marks past the cut name tokens taken back; one at the cut starts whatever is fed next.
-        del self.evictor.segments[bisect.bisect_right(self.evictor.segments, cut) :]
+        self.evictor.segments.cut(cut)
         self._last_logits = None
         self._stats.rewound += n
         if self.config.mode == "reprefill":
