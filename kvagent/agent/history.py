@@ -144,17 +144,3 @@ class ObservationMask:
             span[1] -= delta
         self.spans[i][1] = start + (b - a)
         return delta
-
-
-def mask_messages(messages: Sequence[dict], keep: int, roles: Sequence[str] = ("tool",)) -> list[dict]:
-    """The paper's masking on a message list (a server's request, re-sent whole every turn): the
-    content of every `roles` message but the newest `keep` becomes its placeholder line."""
-    at = [i for i, m in enumerate(messages) if m.get("role") in roles]
-    old = set(at[: max(0, len(at) - keep)])
-    out = []
-    for i, m in enumerate(messages):
-        text = m.get("content")
-        if i in old and isinstance(text, str):
-            m = {**m, "content": placeholder(text)}
-        out.append(m)
-    return out

@@ -26,6 +26,7 @@ from kvagent.runtime.generation import Stopping
 from kvagent.serve import protocol, render
 from kvagent.serve.conversations import Conversations
 from kvagent.serve.errors import Busy, RequestError
+from kvagent.serve.history import mask_messages
 from kvagent.serve.kvconfig import request_config, request_spelling
 from kvagent.serve.metrics import Metrics
 from kvagent.serve.offload import Offload
@@ -104,13 +105,11 @@ class Server:
                 param="model",
             )
         config = request_config(self.config.defaults, req.kv)
-        # kv_history: reprefill re-renders the older tool outputs as the paper's placeholder line;
+        # kv_history: reprefill re-renders the older observations as the paper's placeholder line;
         # a persistent session keeps the text and forgets their tokens (runner.py), since no
         # placeholder can enter the middle of a live cache.
         forget = req.mask_keep is not None and config.mode == "persistent"
         if req.mask_keep is not None and not forget:
-            from kvagent.agent.history import mask_messages  # the agent package: only when asked
-
             req.messages = mask_messages(req.messages, req.mask_keep)
         # The segments policy groups by messages: their starts are its marks, as the agent loop's.
         mark = config.policy == "segments" and endpoint == "chat"

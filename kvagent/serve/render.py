@@ -65,7 +65,7 @@ class Prompt:
     # error) and adds a turn still continues the session; and the reply a later request may
     # re-render differently counts from here.
     first: int
-    # kv_history on a persistent session: [start, end) of each tool output's content, oldest first
+    # kv_history on a persistent session: [start, end) of each observation's content, oldest first
     observations: list[tuple[int, int]] = field(default_factory=list)
     # the segments policy: where each message from the first reply on, and the coming reply, start
     # (the agent loop's marks: the system prompt and the issue stay the protected head)
@@ -90,12 +90,12 @@ def _chat_first(tokenizer: Any, req: GenRequest, text: str, ids: list[int]) -> i
 
 def message_spans(
     tokenizer: Any, req: GenRequest, text: str, ids: list[int], field: str
-) -> list[tuple[str, int, int]]:
-    """(role, start, end) of each message's content in the rendered chat, in order: the tokens wholly
-    inside its text, so the framing stays outside. Each message's content is looked for after the
-    previous one's (a reply quoting an output is not taken for it), through the fast tokenizer's
-    character offsets. `field`: the request field that needs them, named in a refusal."""
-    how = f"leave {field} out, or send kv_mode reprefill" if field == "kv_history" else f"leave {field} out"
+) -> dict[int, tuple[int, int]]:
+    """Message index -> [start, end) of its content in the rendered chat: the tokens wholly inside its
+    text, so the framing stays outside. Each message's content is looked for after the previous
+    one's (a reply quoting an output is not taken for it), through the fast tokenizer's character
+    offsets; one the template rewrote is missing. `field`: the request field that needs them."""
+    how = _how(field)
     if not getattr(tokenizer, "is_fast", False):
         raise RequestError(f"{field}: this model's tokenizer gives no character offsets; {how}", param=field)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -103,22 +103,20 @@ def message_spans(
         raise RequestError(f"{field}: the prompt's tokens do not map onto its text; {how}", param=field)
     starts = [a for a, _ in enc["offset_mapping"]]
     ends = [b for _, b in enc["offset_mapping"]]
-    spans, cursor = [], 0
-    for m in req.messages or []:
+    spans, cursor = {}, 0
+    for i, m in enumerate(req.messages or []):
         content = m.get("content")
-        if not isinstance(content, str) or not content:
-            continue
-        at = text.find(content, cursor)
-        if at < 0:  # the template rewrote it: a tool output cannot be masked without its tokens
-            if m["role"] == "tool":
-                raise RequestError(
-                    f"{field}: a tool message's text is not in the rendered prompt; {how}", param=field
-                )
+        at = text.find(content, cursor) if isinstance(content, str) and content else -1
+        if at < 0:
             continue
         cursor = at + len(content)
         lo = bisect.bisect_left(starts, at)
-        spans.append((m["role"], lo, max(lo, bisect.bisect_right(ends, cursor))))
+        spans[i] = (lo, max(lo, bisect.bisect_right(ends, cursor)))
     return spans
+
+
+def _how(field: str) -> str:
+    return f"leave {field} out, or send kv_mode reprefill" if field == "kv_history" else f"leave {field} out"
 
 
 def prompt_ids(tokenizer: Any, req: GenRequest, spans: str | None = None) -> Prompt:
@@ -144,10 +142,18 @@ def prompt_ids(tokenizer: Any, req: GenRequest, spans: str | None = None) -> Pro
         return Prompt(ids, len(ids))
     prompt = Prompt(ids, _chat_first(tokenizer, req, text, ids))
     if spans is not None:
+        from kvagent.serve.history import observations
+
         found = message_spans(tokenizer, req, text, ids, spans)
-        prompt.observations = [(a, b) for role, a, b in found if role == "tool"]
-        replies = [i for i, (role, _, _) in enumerate(found) if role == "assistant"]
-        prompt.segments = [a for _, a, _ in found[replies[0] :]] if replies else []
-        if req.messages and req.messages[-1]["role"] != "assistant":
+        messages = req.messages or []
+        seen = observations(messages)
+        if spans == "kv_history" and any(i not in found for i in seen):
+            raise RequestError(
+                f"kv_history: an observation's text is not in the rendered prompt; {_how(spans)}", param=spans
+            )
+        prompt.observations = [found[i] for i in seen if i in found]
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+        prompt.segments = [found[i][0] for i in sorted(found) if i >= first]
+        if messages and messages[-1]["role"] != "assistant":
             prompt.segments.append(len(ids))  # the reply this request samples
     return prompt

@@ -22,7 +22,7 @@ def body(**kw):
 
 
 def masked(req):
-    from kvagent.agent.history import mask_messages
+    from kvagent.serve.history import mask_messages
 
     return mask_messages(req.messages, req.mask_keep) if req.mask_keep is not None else req.messages
 
@@ -45,12 +45,25 @@ def test_a_bad_kv_history_is_one_line_naming_the_field(bad):
         parse_chat(body(kv_history=bad))
 
 
-def _chat(n_tools: int) -> list[dict]:
+def _chat(n_tools: int, role: str = "tool") -> list[dict]:
+    """`role` user: a harness acting in text (mini-swe-agent's default) sends outputs as user turns."""
     msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix it"}]
     for i in range(n_tools):
-        msgs += [{"role": "assistant", "content": f"call {i}"},
-                 {"role": "tool", "content": "\n".join(f"out {i}.{j}" for j in range(i + 2)), "tool_call_id": f"c{i}"}]  # fmt: skip
+        out = {"role": role, "content": "\n".join(f"out {i}.{j}" for j in range(i + 2))}
+        msgs += [
+            {"role": "assistant", "content": f"call {i}"},
+            {**out, "tool_call_id": f"c{i}"} if role == "tool" else out,
+        ]
     return msgs
+
+
+def test_observations_are_tool_messages_and_user_turns_after_the_first_reply():
+    from kvagent.serve.history import mask_messages, observations
+
+    assert observations(_chat(3)) == observations(_chat(3, "user")) == [3, 5, 7]
+    text = mask_messages(_chat(3, "user"), 1)
+    assert [m["content"] for m in text[:2]] == ["sys", "fix it"]  # the task is not an observation
+    assert [m["content"][:4] for m in text[3::2]] == ["Old ", "Old ", "out "]
 
 
 def test_reprefill_sessions_get_the_placeholder_text_and_persistent_ones_keep_it():
@@ -97,8 +110,9 @@ def test_tool_output_spans_are_their_content_tokens(qwen3_tokenizer):
     assert spans[0][1] < spans[1][0]
 
 
+@pytest.mark.parametrize("role", ["tool", "user"])
 def test_persistent_sessions_forget_the_older_outputs_and_reply_as_the_library(
-    serve, solo_engine, qwen3_tokenizer
+    serve, solo_engine, qwen3_tokenizer, role
 ):
     """kv_history on a persistent session: nothing rewound or re-rendered; the outputs pushed out of
     the newest M leave the live cache (every layer and head) before the next output is fed, and each
@@ -113,7 +127,7 @@ def test_persistent_sessions_forget_the_older_outputs_and_reply_as_the_library(
     lib = solo_engine.session(CacheConfig())
     held = None
     for n_tools in (4, 5):
-        msgs = _chat(n_tools)
+        msgs = _chat(n_tools, role)
         r = srv.client.chat.completions.create(
             model=MODEL, messages=msgs, max_tokens=6, temperature=0, extra_body=extra
         )
