@@ -110,21 +110,27 @@ def test_tool_output_spans_are_their_content_tokens(qwen3_tokenizer):
     assert spans[0][1] < spans[1][0]
 
 
-@pytest.mark.parametrize("role", ["tool", "user"])
+@pytest.mark.parametrize(("role", "engine"), [("tool", "solo_engine"), ("user", "batch_engine")])
 def test_persistent_sessions_forget_the_older_outputs_and_reply_as_the_library(
-    serve, solo_engine, qwen3_tokenizer, role
+    serve, request, qwen3_tokenizer, role, engine
 ):
     """kv_history on a persistent session: nothing rewound or re-rendered; the outputs pushed out of
     the newest M leave the live cache (every layer and head) before the next output is fed, and each
-    reply is the library's for the same stream with the same forgets."""
+    reply is the library's for the same stream with the same forgets (a batching engine: the
+    session's rows in a pool block, its decode in the static step)."""
     from kvagent.runtime import CacheConfig, Sampling
     from kvagent.serve.render import prompt_ids
 
     from .conftest import MODEL
 
-    srv = serve(solo_engine)
+    eng = request.getfixturevalue(engine)
+    srv = serve(eng)
     extra = {"kv_history": "mask-observations=2", "kv_mode": "persistent"}
-    lib = solo_engine.session(CacheConfig())
+    cfg = CacheConfig()
+    if engine == "batch_engine":  # a budget puts the session in a pool slot (dense ones stay private)
+        cfg = CacheConfig(policy="snapkv", budget=256, buffer=16, protect="sink")
+        extra |= {"kv_policy": "snapkv", "kv_budget": 256, "kv_buffer": 16, "kv_protect": "sink"}
+    lib = eng.session(cfg)
     held = None
     for n_tools in (4, 5):
         msgs = _chat(n_tools, role)
@@ -163,6 +169,7 @@ def test_persistent_sessions_forget_the_older_outputs_and_reply_as_the_library(
         for head in layer[0]:
             assert not {int(p) for p in head.tolist()} & masked
     assert conv.session.history == lib.history
+    assert (eng.step_runner.steps > 0) == (engine == "batch_engine")  # the decode went through the step
     # and its cache is the library's: the outputs fed after a forget never attended to what it forgot
     import torch
 
