@@ -226,6 +226,10 @@ class FakeCuda(TorchDispatchMode):
         if on_cuda and (dynamic or func in _SYNC_OPS):
             self._note("sync", func)
         moves = func in (aten._to_copy.default, aten.copy_.default, aten.copy.default)
+        # A CPU tensor that CUDA accepts beside cuda ones (an index, say) is copied over inside the
+        # op: a pageable host-to-device copy, which a CUDA graph capture refuses.
+        if on_cuda and not moves and any(type(a) is torch.Tensor and a.dim() > 0 for a in flat):
+            self._note("h2d", func)
         if moves and fake_out is not None:
             src = args[1] if func is not aten._to_copy.default else args[0]
             dst = fake_out[0] if isinstance(fake_out, tuple) else fake_out
