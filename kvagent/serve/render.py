@@ -88,21 +88,13 @@ def _chat_first(tokenizer: Any, req: GenRequest, text: str, ids: list[int]) -> i
     return n
 
 
-def message_spans(
-    tokenizer: Any, req: GenRequest, text: str, ids: list[int], field: str
-) -> dict[int, tuple[int, int]]:
-    """Message index -> [start, end) of its content in the rendered chat: the tokens wholly inside its
-    text, so the framing stays outside. Each message's content is looked for after the previous
-    one's (a reply quoting an output is not taken for it), through the fast tokenizer's character
-    offsets; one the template rewrote is missing. `field`: the request field that needs them."""
-    how = _how(field)
-    if not getattr(tokenizer, "is_fast", False):
-        raise RequestError(f"{field}: this model's tokenizer gives no character offsets; {how}", param=field)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    if list(enc["input_ids"]) != ids:
-        raise RequestError(f"{field}: the prompt's tokens do not map onto its text; {how}", param=field)
-    starts = [a for a, _ in enc["offset_mapping"]]
-    ends = [b for _, b in enc["offset_mapping"]]
+def message_spans(req: GenRequest, text: str, offsets: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """Message index -> [start, end) of its content in the rendered chat: the tokens (by their
+    character `offsets` in `text`) wholly inside its text, so the framing stays outside. Each
+    message's content is looked for after the previous one's (a reply quoting an output is not
+    taken for it); one the template rewrote is missing."""
+    starts = [a for a, _ in offsets]
+    ends = [b for _, b in offsets]
     spans, cursor = {}, 0
     for i, m in enumerate(req.messages or []):
         content = m.get("content")
@@ -135,16 +127,25 @@ def prompt_ids(tokenizer: Any, req: GenRequest, spans: str | None = None) -> Pro
                 f"prompt: token id {bad} is outside the vocabulary (size {vocab})", param="prompt"
             )
         return Prompt(ids, len(ids))
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    offsets = None
+    if spans is not None and req.endpoint == "chat":  # one encode gives the ids and their offsets
+        if not getattr(tokenizer, "is_fast", False):
+            raise RequestError(
+                f"{spans}: this model's tokenizer gives no character offsets; {_how(spans)}", param=spans
+            )
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+    else:
+        ids = tokenizer.encode(text, add_special_tokens=False)
     if not ids:
         raise RequestError("prompt: renders to no tokens; send some text", param="prompt")
     if req.endpoint != "chat":
         return Prompt(ids, len(ids))
     prompt = Prompt(ids, _chat_first(tokenizer, req, text, ids))
-    if spans is not None:
+    if offsets is not None:
         from kvagent.serve.history import observations
 
-        found = message_spans(tokenizer, req, text, ids, spans)
+        found = message_spans(req, text, offsets)
         messages = req.messages or []
         seen = observations(messages)
         if spans == "kv_history" and any(i not in found for i in seen):
